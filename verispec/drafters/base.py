@@ -1,0 +1,35 @@
+"""The drafter protocol: what the engine asks of anything that proposes tokens.
+
+A drafter sees the same committed tokens as the target and proposes k tokens per step,
+declaring the exact distributions it drew them from (or None when its proposals are
+deterministic, so q is one-hot). After verification the engine tells it how many of the
+proposals were accepted and which token followed; the drafter rolls any per-token state
+back to the committed sequence in that one call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..config import SamplingParams
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def start(self, prompts: list[list[int]], max_length: int) -> None:
+        """Begin a batch: prompts [B][len_b] are committed; sequences will not exceed max_length."""
+
+    def propose(
+        self, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return draft_token_ids [B, k] and draft_probs [B, k, V] (float32) or None.
+
+        draft_probs must be exactly the distribution each token was drawn from.
+        """
+
+    def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
+        """After verification: row b accepted num_accepted[b] proposals, then next_token_ids[b]
+        (the recovered or bonus token, [B] long) was committed. Rows with active[b] False
+        committed nothing this step and must be left as they were before propose."""

@@ -1,0 +1,149 @@
+"""The draft -> verify -> commit loop over a batch of token-id prompts.
+
+Owns: `generate` (a streaming generator of committed tokens) and `generate_all`.
+One iteration: the drafter proposes k tokens per row; the target scores the pending token
+and the k proposals in one pass ([B, k+1] positions); `verify` keeps a prefix of each row
+and adds a recovered or bonus token; the caches roll back to the committed lengths; the
+new tokens are cut at max_new_tokens and at a stop token, then yielded. k = 0 (or no
+drafter) is plain autoregressive decoding through the same code: the baseline.
+
+The target's cache holds every committed token but the last one, which is "pending" and is
+the first input of the next pass. One host synchronisation per iteration (the output
+tokens, acceptance counts and beta, in one transfer). Knows nothing of text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Drafter
+from .rejection import acceptance_probability, verify
+from .sampling import make_generator, process_logits
+from .stats import RequestStats, SpecStats
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    checked = []
+    for row, prompt in enumerate(prompts):
+        prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        if not prompt:
+            raise ValueError(f"prompts[{row}] is empty: a prompt needs at least one token")
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompts[{row}] has token id {bad[0]!r} outside [0, {vocab_size})")
+        checked.append(prompt)
+    return checked
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # timings only mean something once queued work is done
+        torch.cuda.synchronize(device)
+
+
+def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tuple[list[int], str | None]:
+    """Committed tokens of one row, cut at the budget and after the first stop token."""
+    tokens = tokens[:budget]
+    for i, token in enumerate(tokens):
+        if token in stop_token_ids:
+            return tokens[: i + 1], "stop"
+    return tokens, ("length" if len(tokens) == budget else None)
+
+
+@torch.no_grad()
+def generate(
+    target: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    drafter: Drafter | None = None,
+    k: int = 4,
+    stats: SpecStats | None = None,
+) -> Iterator[list[list[int]]]:
+    """Yield, after each target pass, the tokens newly committed to each row ([] for none).
+
+    `target` is a causal LM with `new_cache`, `prefill` and `forward(input_ids, cache)`;
+    `drafter` follows the `Drafter` protocol. Rows accept different counts per step; a row
+    stops exactly at params.max_new_tokens or at a stop token (which it includes).
+    """
+    k = SpecConfig(k=k).k if drafter is not None else 0
+    prompts = _check_prompts(prompts, target.vocab_size)
+    device, batch = target.device, len(prompts)
+    stats = stats if stats is not None else SpecStats()
+    requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
+    started = time.perf_counter()
+    max_length = max(map(len, prompts)) + params.max_new_tokens + k + 1
+    generator = make_generator(params.seed, device)
+    cache = target.new_cache(batch, max_length)
+    target.prefill([p[:-1] for p in prompts], cache)
+    if drafter is not None:
+        drafter.start(prompts, max_length)
+    pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)  # [B]
+    active = [True] * batch
+    try:
+        while any(active):
+            _sync(device)
+            t0 = time.perf_counter()
+            if drafter is not None:
+                draft_token_ids, draft_probs = drafter.propose(k, params, generator)  # [B, k], [B, k, V]
+            else:
+                draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
+            _sync(device)
+            t1 = time.perf_counter()
+            start_lengths = cache.host_lengths
+            logits = target(torch.cat([pending[:, None], draft_token_ids], dim=1), cache)  # [B, k+1, V]
+            target_probs = process_logits(logits, params)
+            _sync(device)
+            t2 = time.perf_counter()
+            if draft_probs is not None and draft_probs.shape[-1] != target_probs.shape[-1]:
+                raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({target_probs.shape[-1]})")
+            output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, generator)  # [B, k+1], [B]
+            beta = acceptance_probability(draft_token_ids, draft_probs, target_probs)  # [B, k]
+            host = torch.cat([output.double(), num_accepted[:, None].double(), beta.double()], dim=1).tolist()  # the sync
+            stats.draft_time_s += t1 - t0
+            stats.target_time_s += t2 - t1
+
+            accepted = [int(row[k + 1]) for row in host]
+            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, active)])
+            next_token_ids = output.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
+            if drafter is not None:
+                drafter.commit(accepted, next_token_ids, active)
+            pending = torch.where(torch.tensor(active, device=device), next_token_ids, pending)
+
+            chunk: list[list[int]] = [[] for _ in range(batch)]
+            for row, (values, request) in enumerate(zip(host, requests)):
+                if not active[row]:
+                    continue
+                n = accepted[row]
+                request.observe(k, n, values[k + 2 :])
+                tokens, reason = _cut([int(t) for t in values[: n + 1]], params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
+                request.generated_tokens += len(tokens)
+                chunk[row] = tokens
+                if reason is not None:
+                    request.finish_reason = reason
+                    active[row] = False
+            yield chunk
+    finally:
+        for request in requests:
+            stats.add(request)
+        stats.total_time_s += time.perf_counter() - started
+
+
+def generate_all(
+    target: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    drafter: Drafter | None = None,
+    k: int = 4,
+    stats: SpecStats | None = None,
+) -> list[list[int]]:
+    """Run `generate` to the end; return the generated tokens of each row."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for chunk in generate(target, prompts, params, drafter, k, stats):
+        for row, tokens in enumerate(chunk):
+            outputs[row].extend(tokens)
+    return outputs

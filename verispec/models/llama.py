@@ -1,0 +1,332 @@
+"""A Llama-family causal LM (Llama, Qwen2, Mistral) with a preallocated, roll-back-able KV cache.
+
+Owns: `LlamaConfig` (read from a Hugging Face `config.json`), `KVCache` and
+`LlamaForCausalLM`. Parameter names are Hugging Face's, so a `model.safetensors` loads
+as a plain state dict. RMSNorm, RoPE (rope_theta), SwiGLU MLP, grouped-query attention,
+optional q/k/v biases (Qwen2), tied or untied embeddings, float32 or bfloat16.
+
+Cache contract: row b holds `lengths[b]` valid positions. A forward of T tokens writes
+positions lengths[b] .. lengths[b]+T-1 of every row, attends causally in absolute
+positions, and advances every length by T. Rolling back is `cache.rollback(new_lengths)`:
+stale entries beyond a row's length are masked, then overwritten by the next forward,
+never copied. Rows may hold different lengths (ragged prompts, different acceptance).
+Knows nothing of sampling or speculation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.model_type not in _ARCHITECTURES:
+            raise ValueError(f"model_type must be one of {sorted(_ARCHITECTURES)}, got {self.model_type!r}")
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
+        """Build from a Hugging Face config.json dict; refuse what this model cannot run exactly."""
+        model_type = hf.get("model_type", "llama")
+        if model_type not in _ARCHITECTURES:
+            raise ValueError(f"model_type {model_type!r} is not a Llama-family model (supported: {sorted(_ARCHITECTURES)})")
+        rope_scaling = hf.get("rope_scaling")
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
+            raise ValueError(f"rope_scaling {rope_scaling!r} is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+        heads = hf["num_attention_heads"]
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", model_type == "mistral") else None
+        if window is not None and window < hf.get("max_position_embeddings", 2048):
+            raise ValueError(f"sliding_window {window} is not supported")
+        eos = hf.get("eos_token_id")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+            model_type=model_type,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
+        )
+
+    def to_hf(self, dtype: torch.dtype) -> dict[str, Any]:
+        hf = {f.name: getattr(self, f.name) for f in fields(self)}
+        hf.update(architectures=[_ARCHITECTURES[self.model_type]], hidden_act="silu", torch_dtype=str(dtype).removeprefix("torch."))
+        if self.model_type != "llama":
+            hf.pop("attention_bias")  # implied by the architecture in transformers
+        return hf
+
+    def replace(self, **changes: Any) -> "LlamaConfig":
+        return LlamaConfig(**{**asdict(self), **changes})
+
+    @property
+    def num_parameters(self) -> int:
+        d, f, L, v = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.vocab_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.attention_bias else 0)
+        per_layer = attn + 3 * d * f + 2 * d
+        return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
+
+
+class KVCache:
+    """Preallocated keys and values [layers, B, S_max, H_kv, D] with a valid length per row."""
+
+    def __init__(self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str):
+        shape = (config.num_hidden_layers, batch_size, max_length, config.num_key_value_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_length = max_length
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self._host_lengths = [0] * batch_size  # mirror, so that no forward needs a host sync
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def host_lengths(self) -> list[int]:
+        return list(self._host_lengths)
+
+    def advance(self, num_tokens: int) -> None:
+        self.lengths += num_tokens
+        self._host_lengths = [n + num_tokens for n in self._host_lengths]
+
+    def rollback(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] positions of row b; never copies keys or values."""
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"rollback needs {self.batch_size} lengths, got {len(lengths)}")
+        if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
+            raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(config: LlamaConfig, max_length: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_length, head_dim] in float32, laid out as in transformers (halves repeated)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    freqs = torch.outer(torch.arange(max_length, device=device).float(), inv_freq)  # [S, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D]; cos, sin [B, T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, d]
+        cos: torch.Tensor,  # [B, T, 1, D]
+        sin: torch.Tensor,  # [B, T, 1, D]
+        keys: torch.Tensor,  # [B, S_max, H_kv, D] this layer's cache
+        values: torch.Tensor,  # [B, S_max, H_kv, D]
+        write_at: tuple[torch.Tensor, torch.Tensor],  # (rows [B, T], positions [B, T])
+        mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys[write_at] = k
+        values[write_at] = v
+        span = mask.shape[-1]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys[:, :span].transpose(1, 2),
+            values[:, :span].transpose(1, 2),
+            attn_mask=mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, *attn_args: Any) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The model. `forward(input_ids, cache)` -> float32 logits [B, T, V]."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def new_cache(self, batch_size: int, max_length: int) -> KVCache:
+        return KVCache(self.config, batch_size, max_length, self.dtype, self.device)
+
+    def _rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope is None or self._rope[0].shape[0] < length or self._rope[0].device != self.device:
+            self._rope = rope_tables(self.config, max(length, self.config.max_position_embeddings), self.device)
+        return self._rope
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache, num_layers: int | None = None) -> torch.Tensor:
+        """Run the first num_layers layers (all by default) on input_ids [B, T] -> [B, T, d], not normed."""
+        batch, length = input_ids.shape
+        start = cache.lengths  # [B]
+        span = max(cache.host_lengths) + length
+        if span > cache.max_length:
+            raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
+        positions = start[:, None] + torch.arange(length, device=input_ids.device)  # [B, T]
+        cos, sin = self._rope_tables(span)
+        cos, sin = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)  # [B, T, 1, D]
+        rows = torch.arange(batch, device=input_ids.device)[:, None].expand(batch, length)
+        mask = torch.arange(span, device=input_ids.device) <= positions[:, :, None]  # [B, T, S]
+        mask = mask[:, None]  # [B, 1, T, S]
+        x = self.model.embed_tokens(input_ids)
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        for i, layer in enumerate(layers):
+            x = layer(x, cos, sin, cache.keys[i], cache.values[i], (rows, positions), mask)
+        cache.advance(length)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and output head: hidden [B, T, d] -> float32 logits [B, T, V]."""
+        return self.lm_head(self.model.norm(hidden)).float()
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        return self.logits(self.hidden_states(input_ids, cache))
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], cache: KVCache) -> None:
+        """Write ragged prompts [B][len_b] into an empty cache; lengths become len_b."""
+        longest = max(len(p) for p in prompts)
+        if longest == 0:
+            return
+        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.hidden_states(ids, cache)
+        cache.rollback([len(p) for p in prompts])
+
+
+def init_weights(model: LlamaForCausalLM, std: float = 0.02, seed: int = 0) -> LlamaForCausalLM:
+    """Normal(0, std) linear and embedding weights, unit norms, zero biases; scaled residual outputs."""
+    generator = torch.Generator().manual_seed(seed)
+    depth_scale = 1.0 / math.sqrt(2 * model.config.num_hidden_layers)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                scale = depth_scale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0
+                param.copy_(torch.randn(param.shape, generator=generator) * std * scale)
+    return model
