@@ -1,0 +1,22 @@
+"""verispec: exact (lossless) speculative decoding on PyTorch.
+
+The public API, re-exported. See docs/ARCHITECTURE.md for which module owns what.
+"""
+
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Drafter
+from .drafters.model import ModelDrafter
+from .engine import generate, generate_all
+from .models.checkpoint import CheckpointError, load_pretrained, save_pretrained
+from .models.llama import KVCache, LlamaConfig, LlamaForCausalLM
+from .rejection import acceptance_probability, verify
+from .sampling import process_logits, sample
+from .stats import RequestStats, SpecStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "ModelDrafter", "RequestStats",
+    "SamplingParams", "SpecConfig", "SpecStats", "acceptance_probability", "generate", "generate_all",
+    "load_pretrained", "process_logits", "sample", "save_pretrained", "verify",
+]

@@ -1,0 +1,113 @@
+"""The command line: parses arguments, calls the library, prints. Nothing else lives here.
+
+Every error a user can cause (a bad value, an unreadable checkpoint) becomes one line on
+stderr, `verispec: error: ...`, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+from .config import SamplingParams
+from .drafters.model import ModelDrafter
+from .engine import generate
+from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
+from .stats import SpecStats
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + message
+        raise SystemExit(_fail(message))
+
+
+def _fail(message: str) -> int:
+    print(f"verispec: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="verispec", description="Exact speculative decoding.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = commands.add_parser("generate", help="stream a completion, then one line of statistics")
+    gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt (or use --prompt)")
+    gen.add_argument("--prompt", help="the prompt text")
+    gen.add_argument("--target", help="target model directory (Hugging Face format)")
+    gen.add_argument("--draft", help="draft model directory; without it, no speculation")
+    gen.add_argument("--k", type=int, default=4, help="draft length: tokens proposed per target pass (default 4)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    gen.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
+    gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
+
+    toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
+    toy.add_argument("out", help="directory to create; holds target/ and draft/")
+    toy.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else args.prompt_text
+    if prompt is None:
+        return _fail("no prompt: give PROMPT or --prompt TEXT")
+    if args.target is None:
+        return _fail("--target DIR is required (no built-in model pair is installed yet)")
+    dtype = parse_dtype(args.dtype)
+    target = load_pretrained(args.target, dtype)
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        return _fail(f"{args.target}: no tokenizer.json, so text cannot be encoded")
+    drafter = None
+    if args.draft is not None and not args.no_speculation:
+        drafter = ModelDrafter(load_pretrained(args.draft, dtype))
+    eos = target.config.eos_token_id
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, stop_token_ids=() if eos is None or args.ignore_eos else (eos,),
+    )
+    prompt_ids = tokenizer.encode(prompt).ids
+    if not prompt_ids:
+        return _fail("the prompt encodes to no tokens")
+    stats = SpecStats()
+    generated: list[int] = []
+    shown = ""
+    sys.stdout.write(prompt)
+    for chunk in generate(target, [prompt_ids], params, drafter, k=args.k, stats=stats):
+        generated.extend(chunk[0])
+        text = tokenizer.decode(generated, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
+            sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
+            sys.stdout.flush()
+            shown = text
+    print()
+    print(stats.summary())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "toy":
+            from .models.toy import make_toy_pair
+
+            target, draft = make_toy_pair(args.out, seed=args.seed)
+            print(f"wrote {target} and {draft} (random weights)")
+            return 0
+    except (CheckpointError, ValueError, OSError) as error:
+        return _fail(str(error))
+    except KeyboardInterrupt:
+        return 130
+    return _fail(f"unknown command {args.command!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
