@@ -43,9 +43,11 @@ def test_logits_match_transformers(arch, tmp_path):
     with torch.no_grad():
         reference = hf(ids).logits
         full = model(ids, model.new_cache(3, 64))
+        no_cache = model(ids)  # the training path: plain causal attention
         cache = model.new_cache(3, 64)  # the same sequence fed in pieces through the cache
         pieces = [model(ids[:, a:b], cache) for a, b in ((0, 17), (17, 18), (18, 23), (23, 40))]
     assert (full - reference).abs().max().item() <= 1e-4
+    assert (no_cache - reference).abs().max().item() <= 1e-4
     assert (torch.cat(pieces, dim=1) - reference).abs().max().item() <= 1e-4
 
 

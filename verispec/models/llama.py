@@ -189,24 +189,28 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [B, T, d]
         cos: torch.Tensor,  # [B, T, 1, D]
         sin: torch.Tensor,  # [B, T, 1, D]
-        keys: torch.Tensor,  # [B, S_max, H_kv, D] this layer's cache
-        values: torch.Tensor,  # [B, S_max, H_kv, D]
-        write_at: tuple[torch.Tensor, torch.Tensor],  # (rows [B, T], positions [B, T])
-        mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+        keys: torch.Tensor | None,  # [B, S_max, H_kv, D] this layer's cache, or None
+        values: torch.Tensor | None,  # [B, S_max, H_kv, D]
+        write_at: tuple[torch.Tensor, torch.Tensor] | None,  # (rows [B, T], positions [B, T])
+        mask: torch.Tensor | None,  # [B, 1, T, S] bool, True = attend
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        keys[write_at] = k
-        values[write_at] = v
-        span = mask.shape[-1]
+        if keys is None:  # no cache (training, scoring): plain causal attention over the input
+            keys_all, values_all = k, v
+        else:
+            keys[write_at] = k
+            values[write_at] = v
+            keys_all, values_all = keys[:, : mask.shape[-1]], values[:, : mask.shape[-1]]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
-            keys[:, :span].transpose(1, 2),
-            values[:, :span].transpose(1, 2),
+            keys_all.transpose(1, 2),
+            values_all.transpose(1, 2),
             attn_mask=mask,
+            is_causal=keys is None,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
@@ -245,7 +249,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The model. `forward(input_ids, cache)` -> float32 logits [B, T, V]."""
+    """The model. `forward(input_ids [B, T], cache=None)` -> float32 logits [B, T, V]."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -276,31 +280,40 @@ class LlamaForCausalLM(nn.Module):
             self._rope = rope_tables(self.config, max(length, self.config.max_position_embeddings), self.device)
         return self._rope
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache, num_layers: int | None = None) -> torch.Tensor:
-        """Run the first num_layers layers (all by default) on input_ids [B, T] -> [B, T, d], not normed."""
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None, num_layers: int | None = None) -> torch.Tensor:
+        """Run the first num_layers layers (all by default) on input_ids [B, T] -> [B, T, d], not normed.
+
+        With a cache: write and attend as the cache contract says, then advance it by T.
+        Without one: the input is a whole sequence from position 0 (training, scoring).
+        """
         batch, length = input_ids.shape
-        start = cache.lengths  # [B]
-        span = max(cache.host_lengths) + length
-        if span > cache.max_length:
-            raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
-        positions = start[:, None] + torch.arange(length, device=input_ids.device)  # [B, T]
+        device = input_ids.device
+        if cache is None:
+            positions = torch.arange(length, device=device).expand(batch, length)  # [B, T]
+            span, layer_caches, write_at, mask = length, [(None, None)] * len(self.model.layers), None, None
+        else:
+            span = max(cache.host_lengths) + length
+            if span > cache.max_length:
+                raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
+            positions = cache.lengths[:, None] + torch.arange(length, device=device)  # [B, T]
+            layer_caches = list(zip(cache.keys, cache.values))
+            write_at = (torch.arange(batch, device=device)[:, None].expand(batch, length), positions)
+            mask = (torch.arange(span, device=device) <= positions[:, :, None])[:, None]  # [B, 1, T, S]
         cos, sin = self._rope_tables(span)
         cos, sin = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)  # [B, T, 1, D]
-        rows = torch.arange(batch, device=input_ids.device)[:, None].expand(batch, length)
-        mask = torch.arange(span, device=input_ids.device) <= positions[:, :, None]  # [B, T, S]
-        mask = mask[:, None]  # [B, 1, T, S]
         x = self.model.embed_tokens(input_ids)
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
-        for i, layer in enumerate(layers):
-            x = layer(x, cos, sin, cache.keys[i], cache.values[i], (rows, positions), mask)
-        cache.advance(length)
+        for layer, (keys, values) in zip(layers, layer_caches):
+            x = layer(x, cos, sin, keys, values, write_at, mask)
+        if cache is not None:
+            cache.advance(length)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output head: hidden [B, T, d] -> float32 logits [B, T, V]."""
         return self.lm_head(self.model.norm(hidden)).float()
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         return self.logits(self.hidden_states(input_ids, cache))
 
     @torch.no_grad()
