@@ -70,7 +70,8 @@ def generate(
     `drafter` follows the `Drafter` protocol. Rows accept different counts per step; a row
     stops exactly at params.max_new_tokens or at a stop token (which it includes).
     """
-    k = SpecConfig(k=k).k if drafter is not None else 0
+    SpecConfig(k=k)  # a bad k is refused even without a drafter
+    k = k if drafter is not None else 0
     prompts = _check_prompts(prompts, target.vocab_size)
     device, batch = target.device, len(prompts)
     stats = stats if stats is not None else SpecStats()
@@ -108,24 +109,28 @@ def generate(
             stats.target_time_s += t2 - t1
 
             accepted = [int(row[k + 1]) for row in host]
-            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, active)])
-            next_token_ids = output.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
-            if drafter is not None:
-                drafter.commit(accepted, next_token_ids, active)
-            pending = torch.where(torch.tensor(active, device=device), next_token_ids, pending)
-
             chunk: list[list[int]] = [[] for _ in range(batch)]
+            finished = [False] * batch  # rows that stop at this step
             for row, (values, request) in enumerate(zip(host, requests)):
                 if not active[row]:
                     continue
-                n = accepted[row]
-                request.observe(k, n, values[k + 2 :])
-                tokens, reason = _cut([int(t) for t in values[: n + 1]], params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
+                request.observe(k, accepted[row], values[k + 2 :])
+                budget = params.max_new_tokens - request.generated_tokens
+                tokens, reason = _cut([int(t) for t in values[: accepted[row] + 1]], budget, params.stop_token_ids)
                 request.generated_tokens += len(tokens)
+                request.finish_reason = reason
                 chunk[row] = tokens
-                if reason is not None:
-                    request.finish_reason = reason
-                    active[row] = False
+                finished[row] = reason is not None
+            still_active = [live and not done for live, done in zip(active, finished)]
+
+            # Roll back to the committed tokens; a row that is done keeps its old length (its
+            # contents no longer matter, and its cache must not grow while others go on).
+            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
+            next_token_ids = output.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
+            if drafter is not None:
+                drafter.commit(accepted, next_token_ids, still_active)
+            pending = torch.where(torch.tensor(still_active, device=device), next_token_ids, pending)
+            active = still_active
             yield chunk
     finally:
         for request in requests:

@@ -290,20 +290,20 @@ class LlamaForCausalLM(nn.Module):
         device = input_ids.device
         if cache is None:
             positions = torch.arange(length, device=device).expand(batch, length)  # [B, T]
-            span, layer_caches, write_at, mask = length, [(None, None)] * len(self.model.layers), None, None
+            span, write_at, mask = length, None, None
         else:
             span = max(cache.host_lengths) + length
             if span > cache.max_length:
                 raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
             positions = cache.lengths[:, None] + torch.arange(length, device=device)  # [B, T]
-            layer_caches = list(zip(cache.keys, cache.values))
             write_at = (torch.arange(batch, device=device)[:, None].expand(batch, length), positions)
             mask = (torch.arange(span, device=device) <= positions[:, :, None])[:, None]  # [B, 1, T, S]
         cos, sin = self._rope_tables(span)
         cos, sin = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)  # [B, T, 1, D]
         x = self.model.embed_tokens(input_ids)
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
-        for layer, (keys, values) in zip(layers, layer_caches):
+        for i, layer in enumerate(layers):
+            keys, values = (None, None) if cache is None else (cache.keys[i], cache.values[i])
             x = layer(x, cos, sin, keys, values, write_at, mask)
         if cache is not None:
             cache.advance(length)

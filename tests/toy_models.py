@@ -1,0 +1,148 @@
+"""Toy causal LMs for engine tests: exact distributions by enumeration, real rollback semantics.
+
+`MarkovLM` is an order-2 Markov chain over a tiny vocabulary: the next-token logits are a fixed
+random table `table[prev2, prev1] -> [V]`. It implements the target interface the engine uses
+(`vocab_size`, `device`, `new_cache`, `prefill`, `forward(input_ids, cache) -> [B, T, V]`) and
+works as the model inside `ModelDrafter`. Its cache (`TokenCache`) stores the token ids by
+position and a valid length per row, with the same contract as `KVCache`: a forward of T tokens
+writes positions lengths[b]..lengths[b]+T-1 and advances every length by T; `rollback` only
+changes the lengths. The logits at a position read the token one position back from the cache,
+so a wrong rollback (or a stale entry) changes the distribution. Positions before the start of a
+sequence hold the BOS-like token 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from verispec.config import SamplingParams
+from verispec.sampling import process_logits
+
+BOS = 0
+
+
+class TokenCache:
+    """Token ids [B, S_max] by position, with a valid length per row (rollback = new lengths)."""
+
+    def __init__(self, batch_size: int, max_length: int, device: torch.device | str):
+        self.tokens = torch.full((batch_size, max_length), BOS, dtype=torch.long, device=device)
+        self.max_length = max_length
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self._host_lengths = [0] * batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def host_lengths(self) -> list[int]:
+        return list(self._host_lengths)
+
+    def advance(self, num_tokens: int) -> None:
+        self.lengths += num_tokens
+        self._host_lengths = [n + num_tokens for n in self._host_lengths]
+
+    def rollback(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] positions of row b; the stale entries are left in place."""
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"rollback needs {self.batch_size} lengths, got {len(lengths)}")
+        if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
+            raise ValueError(f"rollback lengths must lie in [0, current lengths]")
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
+
+    def valid(self, row: int) -> list[int]:
+        """The committed token ids of one row."""
+        return self.tokens[row, : self._host_lengths[row]].tolist()
+
+
+def random_table(vocab_size: int, seed: int, scale: float) -> torch.Tensor:
+    """A fixed random logit table [V, V, V], far from uniform, with one strongly negative entry per context."""
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab_size, vocab_size, vocab_size, generator=generator) * scale
+    low = torch.randint(vocab_size, (vocab_size, vocab_size, 1), generator=generator)
+    return table.scatter(-1, low, -6.0)
+
+
+class MarkovLM(nn.Module):
+    """An order-2 Markov LM: logits(next | ..., prev2, prev1) = table[prev2, prev1]."""
+
+    def __init__(self, seed: int = 0, vocab_size: int = 5, scale: float = 1.3, table: torch.Tensor | None = None):
+        super().__init__()
+        if table is None:
+            table = random_table(vocab_size, seed, scale)
+        if table.dim() != 3 or not table.shape[0] == table.shape[1] == table.shape[2]:
+            raise ValueError(f"table must be [V, V, V], got {tuple(table.shape)}")
+        self.register_buffer("table", table.float().clone())
+        self.forward_calls = 0  # target passes, to count the work done
+
+    @classmethod
+    def perturbed(cls, other: "MarkovLM", noise: float, seed: int) -> "MarkovLM":
+        """A model close to `other`: its table plus Normal(0, noise) (a moderately good draft)."""
+        generator = torch.Generator().manual_seed(seed)
+        return cls(table=other.table + noise * torch.randn(other.table.shape, generator=generator))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def new_cache(self, batch_size: int, max_length: int) -> TokenCache:
+        return TokenCache(batch_size, max_length, self.device)
+
+    def forward(self, input_ids: torch.Tensor, cache: TokenCache) -> torch.Tensor:
+        """input_ids [B, T] -> float32 logits [B, T, V]; writes the tokens at cache.lengths.."""
+        batch, length = input_ids.shape
+        span = max(cache.host_lengths) + length
+        if span > cache.max_length:
+            raise ValueError(f"cache overflow: {span} positions needed, cache holds {cache.max_length}")
+        positions = cache.lengths[:, None] + torch.arange(length, device=input_ids.device)  # [B, T]
+        cache.tokens.scatter_(1, positions, input_ids)
+        before = positions - 1
+        prev = cache.tokens.gather(1, before.clamp_min(0))  # [B, T]
+        prev = torch.where(before >= 0, prev, BOS)
+        cache.advance(length)
+        self.forward_calls += 1
+        return self.table[prev, input_ids].float()  # [B, T, V]
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], cache: TokenCache) -> None:
+        """Write ragged prompts [B][len_b] into an empty cache; lengths become len_b."""
+        longest = max(len(p) for p in prompts)
+        if longest == 0:
+            return
+        padded = [list(p) + [BOS] * (longest - len(p)) for p in prompts]
+        ids = torch.tensor(padded, dtype=torch.long, device=self.device)
+        self(ids, cache)
+        cache.rollback([len(p) for p in prompts])
+
+    # --- exact distributions ---------------------------------------------------------------
+
+    def next_logits(self, history: list[int]) -> torch.Tensor:
+        """Raw logits [V] of the token after `history` (BOS before the start)."""
+        padded = [BOS, BOS] + list(history)
+        return self.table[padded[-2], padded[-1]]
+
+    def next_probs(self, history: list[int], params: SamplingParams) -> torch.Tensor:
+        """The processed distribution [V] (float32) the engine draws the next token from."""
+        return process_logits(self.next_logits(history), params)
+
+    def continuation_probs(self, prompt: list[int], length: int, params: SamplingParams) -> torch.Tensor:
+        """Exact joint probabilities [V] * length (float64) of the next `length` tokens after `prompt`."""
+        vocab = self.vocab_size
+        probs = torch.zeros((vocab,) * length, dtype=torch.float64)
+        for cell in itertools.product(range(vocab), repeat=length):
+            p, history = 1.0, list(prompt)
+            for token in cell:
+                p *= float(self.next_probs(history, params)[token])
+                if p == 0.0:
+                    break
+                history.append(token)
+            probs[cell] = p
+        return probs
