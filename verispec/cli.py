@@ -47,6 +47,21 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
 
+    train = commands.add_parser("train", help="prepare the corpus, pretrain the target, or distil the draft")
+    train.add_argument("what", choices=["data", "target", "draft"])
+    train.add_argument("--data", default="runs/data", help="data directory (tokenizer.json, train.bin, heldout.bin)")
+    train.add_argument("--out", help="output directory (checkpoint.pt, then model/); default runs/WHAT")
+    train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
+    train.add_argument("--teacher", help="with 'draft': the target model directory to distil from")
+    train.add_argument("--vocab-size", type=int, default=8192, help="with 'data': BPE vocabulary size")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
+    train.add_argument("--checkpoint-every", type=int, default=100)
+
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
@@ -91,11 +106,35 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from . import train
+
+    out = args.out or f"runs/{args.what}"
+    if args.what == "data":
+        print(f"wrote {train.prepare_data(args.out or args.data, args.vocab_size)}")
+        return 0
+    if args.what == "draft" and args.teacher is None:
+        return _fail("train draft needs --teacher DIR (the target to distil from)")
+    preset = args.preset or args.what
+    if preset not in train.PRESETS:
+        return _fail(f"--preset must be one of {sorted(train.PRESETS)}, got {preset!r}")
+    cfg = train.TrainConfig(
+        out=out, data=args.data, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every,
+        teacher=args.teacher if args.what == "draft" else None,
+    )
+    result = train.train(train.PRESETS[preset], cfg)
+    print(f"wrote {result / 'model'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "train":
+            return _train(args)
         if args.command == "toy":
             from .models.toy import make_toy_pair
 

@@ -1,0 +1,94 @@
+"""Training: the corpus split, the tokenizer, and seeded, resumable training and distillation."""
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec.models.checkpoint import load_pretrained
+from verispec.train import (
+    PRESETS, TrainConfig, corpus_files, held_out_loss, is_held_out, load_tokens, prepare_data, split_corpus, train,
+)
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def test_split_is_deterministic_disjoint_and_about_five_percent():
+    train_files, held = split_corpus()
+    assert split_corpus() == (train_files, held)
+    assert not set(train_files) & set(held)
+    assert len(train_files) + len(held) == len(corpus_files())
+    assert 0.03 < len(held) / (len(train_files) + len(held)) < 0.07
+    assert all(is_held_out(p, STDLIB) for p in held)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A small corpus (60 stdlib files) tokenised with a 400-token BPE."""
+    root = tmp_path_factory.mktemp("corpus")
+    for path in corpus_files()[:60]:
+        target = root / path.relative_to(STDLIB)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+    return prepare_data(tmp_path_factory.mktemp("data"), vocab_size=400, root=root)
+
+
+def test_tokenizer_round_trips_code_and_marks_documents(data):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    text = 'def f(x):\n    return {"a": x ** 2}  # ünïcode\n'
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+    assert tokenizer.get_vocab_size() == 400 and tokenizer.token_to_id("<|endoftext|>") == 0
+    train_tokens, held_tokens = load_tokens(data, "train"), load_tokens(data, "heldout")
+    assert int((train_tokens == 0).sum()) + int((held_tokens == 0).sum()) == 60  # one <|endoftext|> per file
+
+
+def _cfg(data, out, steps, **kw):
+    return TrainConfig(out=str(out), data=str(data), steps=steps, batch_size=4, seq_len=32, lr=3e-3, warmup=5, checkpoint_every=5, **kw)
+
+
+def test_training_lowers_held_out_loss_and_saves_a_loadable_model(data, tmp_path):
+    out = train(PRESETS["tiny"], _cfg(data, tmp_path, 60), progress=False)
+    model = load_pretrained(out / "model")
+    untrained = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "zero", 1), progress=False) / "model")
+    assert held_out_loss(model, data, seq_len=32, max_windows=64) < held_out_loss(untrained, data, seq_len=32, max_windows=64) - 0.5
+    assert (out / "model" / "tokenizer.json").exists() and (out / "model" / "tokenizer_config.json").exists()
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out / "model")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "model")
+    ids = torch.tensor([tokenizer("def f(x):")["input_ids"]])
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids)).abs().max().item() < 1e-4
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_weights(data, tmp_path):
+    straight = train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 10), progress=False)
+    interrupted = tmp_path / "b"
+    train(PRESETS["tiny"], _cfg(data, interrupted, 5), progress=False)  # "killed" after its step-5 checkpoint
+    resumed = train(PRESETS["tiny"], _cfg(data, interrupted, 10), progress=False)
+    a, b = load_pretrained(straight / "model"), load_pretrained(resumed / "model")
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]), name
+
+
+def test_distillation_brings_the_draft_towards_the_teacher(data, tmp_path):
+    teacher = train(PRESETS["tiny"], _cfg(data, tmp_path / "teacher", 60), progress=False) / "model"
+    draft_config = PRESETS["tiny"].replace(hidden_size=16, num_attention_heads=1, num_key_value_heads=1, head_dim=16)
+    before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher=str(teacher)), progress=False) / "model")
+    after = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher)), progress=False) / "model")
+    target = load_pretrained(teacher)
+    ids = load_tokens(data, "heldout")[:257].view(1, -1)
+    with torch.no_grad():
+        p = torch.softmax(target(ids), -1)
+        beta = [torch.minimum(p, torch.softmax(m(ids), -1)).sum(-1).mean().item() for m in (before, after)]
+    assert beta[1] > beta[0] + 0.1
+
+
+def test_bad_training_config_names_the_parameter(data, tmp_path):
+    with pytest.raises(ValueError, match="steps"):
+        TrainConfig(out=str(tmp_path), data=str(data), steps=0)
+    with pytest.raises(ValueError, match="dtype"):
+        TrainConfig(out=str(tmp_path), data=str(data), dtype="int8")
