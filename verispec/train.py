@@ -134,7 +134,7 @@ def _preset(d: int, layers: int, ff: int, heads: int, kv_heads: int, vocab: int 
 
 # The built-in pair's architectures (sizes chosen in MODEL_CARD.md; "tiny" is for tests).
 PRESETS: dict[str, LlamaConfig] = {
-    "target": _preset(640, 8, 1792, 10, 2),
+    "target": _preset(768, 8, 2048, 12, 4),
     "draft": _preset(256, 2, 768, 4, 2),
     "tiny": _preset(32, 1, 64, 2, 1),
 }

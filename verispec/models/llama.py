@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import Linear
+
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
@@ -172,6 +174,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+def grouped_attention(
+    q: torch.Tensor,  # [B, T, H, D]
+    keys: torch.Tensor,  # [B, S, H_kv, D]
+    values: torch.Tensor,  # [B, S, H_kv, D]
+    mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+) -> torch.Tensor:
+    """Masked attention with grouped query heads, for few query rows -> [B, T, H, D].
+
+    Query head h reads key/value head h // (H / H_kv), as in transformers; the G query heads
+    of a group are stacked into one matrix product per key/value head, without copying keys.
+    """
+    batch, length, heads, dim = q.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
+    q = q.view(batch, length, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * length, dim)
+    scores = torch.matmul(q.float(), keys.permute(0, 2, 3, 1).float()) / math.sqrt(dim)  # [B, H_kv, G*T, S]
+    scores = scores.masked_fill(~mask.repeat(1, 1, group, 1), float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1), values.transpose(1, 2).float())  # [B, H_kv, G*T, D]
+    return out.to(q.dtype).view(batch, kv_heads, group, length, dim).permute(0, 3, 1, 2, 4).reshape(batch, length, heads, dim)
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -179,10 +202,10 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
         self,
@@ -205,6 +228,8 @@ class Attention(nn.Module):
             keys[write_at] = k
             values[write_at] = v
             keys_all, values_all = keys[:, : mask.shape[-1]], values[:, : mask.shape[-1]]
+            if length <= 16:  # decoding and verification: a few rows, cheaper than SDPA's kernel
+                return self.o_proj(grouped_attention(q, keys_all, values_all, mask).reshape(batch, length, -1))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             keys_all.transpose(1, 2),
@@ -219,9 +244,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -255,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
