@@ -45,6 +45,7 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
         (["generate", "hi", "--target", "{target}", "--dtype", "int3"], "dtype"),
         (["generate", "--target", "{target}"], "no prompt"),
         (["generate", "hi", "--k", "x"], "--k"),
+        (["generate", "hi", "--target", "{target}", "--draft", "{target}", "--k", "auto", "--k-max", "0"], "k_max"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -57,6 +58,12 @@ def test_bad_arguments_give_one_line_and_exit_2(pair, capsys, argv, message):
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("verispec: error:") and message in err
+
+
+def test_k_auto_runs_and_reports(pair, capsys):
+    target, draft = pair
+    assert main(["generate", "x = 1", "--target", str(target), "--draft", str(draft), "--k", "auto", "--max-new-tokens", "20", "--ignore-eos"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("20 tokens in")
 
 
 def test_console_script_runs_in_a_subprocess(pair):

@@ -11,6 +11,7 @@ import sys
 
 
 from .config import SamplingParams
+from .control import AdaptiveLength
 from .drafters.model import ModelDrafter
 from .engine import generate
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
@@ -27,6 +28,15 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _draft_length(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verispec", description="Exact speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -36,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", help="the prompt text")
     gen.add_argument("--target", help="target model directory (Hugging Face format)")
     gen.add_argument("--draft", help="draft model directory; without it, no speculation")
-    gen.add_argument("--k", type=int, default=4, help="draft length: tokens proposed per target pass (default 4)")
+    gen.add_argument("--k", type=_draft_length, default=4, help="draft length: tokens proposed per target pass (default 4), or 'auto'")
+    gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -94,7 +105,8 @@ def _generate(args: argparse.Namespace) -> int:
     generated: list[int] = []
     shown = ""
     sys.stdout.write(prompt)
-    for chunk in generate(target, [prompt_ids], params, drafter, k=args.k, stats=stats):
+    k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else args.k
+    for chunk in generate(target, [prompt_ids], params, drafter, k=k, stats=stats):
         generated.extend(chunk[0])
         text = tokenizer.decode(generated, skip_special_tokens=True)
         if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence

@@ -19,7 +19,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .config import SamplingParams, SpecConfig
+from .config import SamplingParams
+from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .rejection import acceptance_probability, verify
 from .sampling import make_generator, process_logits
@@ -61,23 +62,25 @@ def generate(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     drafter: Drafter | None = None,
-    k: int = 4,
+    k: int | DraftLengthPolicy = 4,
     stats: SpecStats | None = None,
 ) -> Iterator[list[list[int]]]:
     """Yield, after each target pass, the tokens newly committed to each row ([] for none).
 
     `target` is a causal LM with `new_cache`, `prefill` and `forward(input_ids, cache)`;
-    `drafter` follows the `Drafter` protocol. Rows accept different counts per step; a row
-    stops exactly at params.max_new_tokens or at a stop token (which it includes).
+    `drafter` follows the `Drafter` protocol. `k` is a draft length or a policy that picks
+    one before every iteration (control.AdaptiveLength). Rows accept different counts per
+    step; a row stops exactly at params.max_new_tokens or at a stop token (which it includes).
     """
-    SpecConfig(k=k)  # a bad k is refused even without a drafter
-    k = k if drafter is not None else 0
+    policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
+    if drafter is None:
+        policy = FixedLength(0)
     prompts = _check_prompts(prompts, target.vocab_size)
     device, batch = target.device, len(prompts)
     stats = stats if stats is not None else SpecStats()
     requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
     started = time.perf_counter()
-    max_length = max(map(len, prompts)) + params.max_new_tokens + k + 1
+    max_length = max(map(len, prompts)) + params.max_new_tokens + policy.k_max + 1
     generator = make_generator(params.seed, device)
     cache = target.new_cache(batch, max_length)
     target.prefill([p[:-1] for p in prompts], cache)
@@ -87,6 +90,7 @@ def generate(
     active = [True] * batch
     try:
         while any(active):
+            k = min(max(policy.choose(), 0), policy.k_max)
             _sync(device)
             t0 = time.perf_counter()
             if drafter is not None:
@@ -111,10 +115,14 @@ def generate(
             accepted = [int(row[k + 1]) for row in host]
             chunk: list[list[int]] = [[] for _ in range(batch)]
             finished = [False] * batch  # rows that stop at this step
+            beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
             for row, (values, request) in enumerate(zip(host, requests)):
                 if not active[row]:
                     continue
                 request.observe(k, accepted[row], values[k + 2 :])
+                for i in range(min(accepted[row] + 1, k)):
+                    beta_sums[i] += values[k + 2 + i]
+                    verified[i] += 1
                 budget = params.max_new_tokens - request.generated_tokens
                 tokens, reason = _cut([int(t) for t in values[: accepted[row] + 1]], budget, params.stop_token_ids)
                 request.generated_tokens += len(tokens)
@@ -131,6 +139,7 @@ def generate(
                 drafter.commit(accepted, next_token_ids, still_active)
             pending = torch.where(torch.tensor(still_active, device=device), next_token_ids, pending)
             active = still_active
+            policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
             yield chunk
     finally:
         for request in requests:
@@ -143,7 +152,7 @@ def generate_all(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     drafter: Drafter | None = None,
-    k: int = 4,
+    k: int | DraftLengthPolicy = 4,
     stats: SpecStats | None = None,
 ) -> list[list[int]]:
     """Run `generate` to the end; return the generated tokens of each row."""

@@ -1,10 +1,12 @@
 """A separate small draft model with its own KV cache.
 
 Owns the draft model's cache and its "pending" tokens: committed tokens the draft model
-has not consumed yet. After a step with a rejection only the recovered token is pending;
-after a step where all k proposals were accepted, the last proposal x_k was never fed to
-the draft model, so x_k and the bonus token are both pending and go in together at the
-next propose (forgetting x_k is the bug that lowered acceptance in vLLM PR #9730).
+has not consumed yet, fed together at the next proposal. After a step with a rejection only
+the recovered token is pending; after a step where all k proposals were accepted, the last
+proposal x_k was never fed to the draft model, so x_k and the bonus token are both pending
+(forgetting x_k is the bug that lowered acceptance in vLLM PR #9730). A step with k = 0
+runs no draft pass at all: its committed token joins the pending ones, so a policy that
+stops speculating pays nothing for the draft.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ class ModelDrafter:
         self.model = model
         self.cache: KVCache | None = None
 
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
     def start(self, prompts: list[list[int]], max_length: int) -> None:
         device = self.model.device
         self.cache = self.model.new_cache(len(prompts), max_length)
         self.model.prefill([p[:-1] for p in prompts], self.cache)
-        self.pending = torch.zeros(len(prompts), 2, dtype=torch.long, device=device)  # [B, 2]
-        self.pending[:, 0] = torch.tensor([p[-1] for p in prompts], device=device)
+        self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=device)  # [B, P]
         self.pending_count = [1] * len(prompts)
 
     @torch.no_grad()
@@ -37,15 +42,14 @@ class ModelDrafter:
         batch = self.cache.batch_size
         self._start_lengths = self.cache.host_lengths
         self._k = k
+        if k == 0:  # no pass at all: the pending tokens wait for the next proposal
+            return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         width = max(self.pending_count)
         logits = self.model(self.pending[:, :width], self.cache)  # [B, width, V]
-        if width > 1:  # rows with one pending token fed a pad; keep only the real positions
+        if width > 1:  # rows with fewer pending tokens fed pads; keep each row's last real position
             counts = torch.tensor(self.pending_count, device=logits.device)
             logits = logits[torch.arange(batch, device=logits.device), counts - 1][:, None]
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
-        if k == 0:  # nothing to propose, but the pending tokens are consumed all the same
-            self._last_proposal = self.pending[:, 0]
-            return self.pending.new_zeros(batch, 0), logits.new_zeros(batch, 0, logits.shape[-1])
         token_ids, probs = [], []
         for i in range(k):
             if i > 0:
@@ -59,22 +63,20 @@ class ModelDrafter:
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         assert self.cache is not None
-        k = self._k
-        lengths, counts = [], []
-        for start, count, n, live in zip(self._start_lengths, self.pending_count, num_accepted, active):
-            if not live:
-                lengths.append(start)
-                counts.append(count)
-            elif n < k or k == 0:  # fed: pending + x_1..x_{k-1}; valid: pending + x_1..x_n
-                lengths.append(start + count + n)
-                counts.append(1)
-            else:  # all k accepted: x_k was never fed
-                lengths.append(start + count + k - 1)
-                counts.append(2)
-        self.cache.rollback(lengths)
-        live = torch.tensor(active, device=self.pending.device)
-        two = torch.tensor([c == 2 for c in counts], device=self.pending.device)
+        k, batch = self._k, len(active)
+        if k == 0:  # nothing was fed: append the committed token to each row's pending tokens
+            columns = torch.tensor(self.pending_count, device=self.pending.device)[:, None]
+            self.pending = torch.cat([self.pending, self.pending.new_zeros(batch, 1)], dim=1).scatter(1, columns, next_token_ids[:, None])
+            self.pending_count = [c + 1 if live else c for c, live in zip(self.pending_count, active)]
+            return
+        # Fed: the pending tokens and x_1..x_{k-1}. Valid: the pending tokens and x_1..x_n.
+        all_accepted = [live and n == k for n, live in zip(num_accepted, active)]
+        self.cache.rollback([
+            start + count + min(n, k - 1) if live else start
+            for start, count, n, live in zip(self._start_lengths, self.pending_count, num_accepted, active)
+        ])
+        # Pending now: the recovered token, or x_k (never fed) and the bonus token.
+        two = torch.tensor(all_accepted, device=self.pending.device)
         first = torch.where(two, self._last_proposal, next_token_ids)
-        new_pending = torch.stack([first, next_token_ids], dim=1)  # [B, 2]
-        self.pending = torch.where(live[:, None], new_pending, self.pending)
-        self.pending_count = counts
+        self.pending = torch.where(two[:, None], torch.stack([first, next_token_ids], dim=1), torch.stack([next_token_ids, next_token_ids], dim=1))
+        self.pending_count = [2 if both else 1 for both in all_accepted]

@@ -1,0 +1,122 @@
+"""Draft-length policies: they change how many tokens are proposed, never which are committed.
+
+Exactness: scripted and adaptive draft lengths (k = 0 steps included, so the draft model's
+pending tokens pile up and are caught up in one pass) keep the joint distribution of a
+3-token continuation exact, and greedy output identical to plain decoding. Behaviour: the
+adaptive policy speculates when the refined model says it pays, and backs off to k = 0 when
+acceptance is low, the draft is expensive, or verification is compute-bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stats_helpers import assert_distributed_as
+from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts, markov  # noqa: F401 (fixture)
+from verispec.config import SamplingParams
+from verispec.control import AdaptiveLength, FixedLength
+from verispec.drafters.model import ModelDrafter
+from verispec.engine import generate_all
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
+from verispec.stats import SpecStats
+from verispec.theory import optimal_k
+
+
+class Scripted:
+    """A policy that plays a fixed sequence of draft lengths, then repeats the last."""
+
+    def __init__(self, ks: list[int]):
+        self.ks, self.k_max, self.step = ks, max(ks), 0
+
+    def choose(self) -> int:
+        k = self.ks[min(self.step, len(self.ks) - 1)]
+        self.step += 1
+        return k
+
+    def observe(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ks", [[0, 0, 2], [1, 0, 3], [0, 1, 0]], ids=lambda ks: "-".join(map(str, ks)))
+def test_joint_distribution_is_exact_when_k_changes(markov, ks):
+    target, drafts = markov
+    params = SamplingParams(temperature=1.0, seed=7, max_new_tokens=JOINT_TOKENS)
+    exact = target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params)
+    counts, stats = _joint_counts(target, ModelDrafter(drafts["close"]), params, Scripted(ks), JOINT_N)
+    assert_distributed_as(counts, exact.ravel(), are_counts=True, label=f"scripted k={ks}")
+    assert stats.proposed > 0
+
+
+def test_joint_distribution_is_exact_under_the_adaptive_policy(markov):
+    target, drafts = markov
+    params = SamplingParams(temperature=0.8, top_k=4, seed=8, max_new_tokens=JOINT_TOKENS)
+    exact = target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params)
+    counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, AdaptiveLength(k_max=4), JOINT_N)
+    assert_distributed_as(counts, exact.ravel(), are_counts=True, label="adaptive")
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    target = init_weights(LlamaForCausalLM(config), std=0.3, seed=1).eval()
+    other = init_weights(LlamaForCausalLM(config.replace(num_hidden_layers=1)), std=0.3, seed=2).eval()
+    return target, other
+
+
+@pytest.mark.parametrize("policy", [lambda: Scripted([0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 3]), lambda: AdaptiveLength(k_max=6, probe_every=3)], ids=["scripted", "adaptive"])
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_greedy_output_is_identical_whatever_the_policy(llama_pair, policy, draft):
+    target, other = llama_pair
+    prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11]]
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    plain = generate_all(target, prompts, params)
+    stats = SpecStats()
+    spec = generate_all(target, prompts, params, ModelDrafter(target if draft == "self" else other), k=policy(), stats=stats)
+    assert spec == plain
+    if draft == "self":
+        assert stats.alpha_hat >= 0.98
+
+
+def _feed(policy: AdaptiveLength, alpha: float, t_draft: float, t_target, iterations: int = 60) -> list[int]:
+    """Drive the policy with synthetic observations: constant beta, draft seconds per token,
+    and t_target(n) for the n = k+1 positions of each pass. Returns the chosen lengths."""
+    chosen = []
+    for _ in range(iterations):
+        k = policy.choose()
+        chosen.append(k)
+        policy.observe(k, [alpha] * k, [1] * k, t_draft * k, t_target(k + 1))
+    return chosen
+
+
+def test_adaptive_speculates_when_it_pays_and_matches_the_closed_form():
+    policy = AdaptiveLength(k_max=16)
+    chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0)
+    assert chosen[-1] == optimal_k(0.8, 0.05, 16) and chosen[-1] >= 3
+
+
+@pytest.mark.parametrize(
+    "alpha, t_draft, t_target, why",
+    [
+        (0.05, 0.05, lambda n: 1.0, "low acceptance"),
+        (0.9, 1.0, lambda n: 1.0, "draft as expensive as the target"),
+        (0.9, 0.05, lambda n: float(n), "compute-bound verification: r(n) = n"),
+    ],
+)
+def test_adaptive_backs_off_and_only_probes(alpha, t_draft, t_target, why):
+    policy = AdaptiveLength(k_max=8, probe_every=16)
+    chosen = _feed(policy, alpha, t_draft, t_target, iterations=96)
+    tail = chosen[32:]
+    assert tail.count(0) >= len(tail) * 14 // 16, (why, chosen)
+    assert set(tail) <= {0, 1}, (why, chosen)
+
+
+def test_policies_validate_their_arguments():
+    with pytest.raises(ValueError, match="k must be"):
+        FixedLength(-1)
+    with pytest.raises(ValueError, match="k_max"):
+        AdaptiveLength(k_max=0)
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveLength(decay=0)
+    with pytest.raises(ValueError, match="probe_every"):
+        AdaptiveLength(probe_every=0)

@@ -1,0 +1,152 @@
+"""Draft-length policies: how many tokens to propose before each target pass.
+
+Owns `FixedLength` (always k) and `AdaptiveLength` (`--k auto`), which keeps online
+estimates of the refined model's inputs from the run itself and picks, before every
+iteration, the k in 0..k_max that maximises the predicted speed-up
+S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
+- alpha_i: the running mean of beta at verified draft position i (the exact conditional
+  acceptance probability; lower variance than counting accepts);
+- c = t_draft per token / t_target(1) and r(n) = t_target(n) / t_target(1), from the
+  iteration times, where "target" time is everything in an iteration but the draft passes
+  (verification, sampling and bookkeeping included: that is what a pass really costs).
+k = 0 (plain decoding) is chosen when nothing beats 1; the policy then probes k = 1 every
+`probe_every` iterations so that it notices when drafting pays again. A policy only changes
+how many tokens are proposed, never which are committed, so exactness is untouched.
+Knows nothing of models or tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from .config import SpecConfig
+from .theory import refined_speedup
+
+
+@runtime_checkable
+class DraftLengthPolicy(Protocol):
+    k_max: int
+
+    def choose(self) -> int:
+        """The draft length for the next iteration, in 0..k_max."""
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
+        """After an iteration with draft length k: per draft position, the sum of beta over the
+        active rows' verified positions and their number; the seconds spent drafting and the rest."""
+
+
+@dataclass
+class FixedLength:
+    k: int
+
+    def __post_init__(self) -> None:
+        SpecConfig(k=self.k)  # validates k
+
+    @property
+    def k_max(self) -> int:
+        return self.k
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
+        pass
+
+
+class _Mean:
+    """An exponentially weighted mean that starts as a plain mean (no bias towards the prior)."""
+
+    def __init__(self, decay: float):
+        self.decay, self.total, self.weight = decay, 0.0, 0.0
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total = self.decay * self.total + value * weight
+        self.weight = self.decay * self.weight + weight
+
+    def get(self, default: float) -> float:
+        return self.total / self.weight if self.weight > 0 else default
+
+
+@dataclass
+class AdaptiveLength:
+    k_max: int = 8
+    decay: float = 0.95  # per observation; about the last 20 iterations count
+    probe_every: int = 16
+    prior_alpha: float = 0.7  # for positions not verified yet
+    _alpha: list[_Mean] = field(init=False, repr=False)
+    _target: dict[int, _Mean] = field(init=False, repr=False)
+    _draft: _Mean = field(init=False, repr=False)
+    _since_draft: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
+            raise ValueError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if not isinstance(self.probe_every, int) or self.probe_every < 1:
+            raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
+        self._alpha = [_Mean(self.decay) for _ in range(self.k_max)]
+        self._target = {}
+        self._draft = _Mean(self.decay)
+
+    # ---- estimates
+
+    def alphas(self) -> list[float]:
+        """Per-position conditional acceptance; an unverified position borrows the one before."""
+        out: list[float] = []
+        for mean in self._alpha:
+            out.append(mean.get(out[-1] if out else self.prior_alpha))
+        return out
+
+    def target_seconds(self, n: int) -> float | None:
+        """t_target(n): measured, else linear in n through the two nearest measured points."""
+        if n in self._target:
+            return self._target[n].get(0.0)
+        known = sorted((m, mean.get(0.0)) for m, mean in self._target.items())
+        if not known:
+            return None
+        if len(known) == 1:
+            (m, t), = known
+            return t * (1 + 0.05 * (n - m))  # a mild prior slope until a second point is seen
+        below = [point for point in known if point[0] < n]
+        above = [point for point in known if point[0] > n]
+        if below and above:
+            (m0, t0), (m1, t1) = below[-1], above[0]
+        else:
+            (m0, t0), (m1, t1) = known[:2] if not below else known[-2:]
+        slope = max((t1 - t0) / (m1 - m0), 0.0)
+        return max(t0 + slope * (n - m0), 1e-9)
+
+    def predicted_speedups(self) -> list[float]:
+        """S(k) for k = 0..k_max from the current estimates (S(0) = 1)."""
+        t1 = self.target_seconds(1)
+        if t1 is None or self._draft.weight == 0:
+            return []
+        c = self._draft.get(0.0) / t1
+        r = [self.target_seconds(n) / t1 for n in range(1, self.k_max + 2)]
+        r[0] = 1.0
+        alphas = self.alphas()
+        return [refined_speedup(alphas[:k], c, r) for k in range(self.k_max + 1)]
+
+    # ---- the policy
+
+    def choose(self) -> int:
+        speedups = self.predicted_speedups()
+        if not speedups:  # nothing measured yet: one plain pass, then one drafted pass
+            return 0 if self.target_seconds(1) is None else min(4, self.k_max)
+        best = max(range(len(speedups)), key=lambda k: (speedups[k], -k))
+        if best == 0 and self._since_draft + 1 >= self.probe_every:
+            return 1  # probe: has drafting started to pay?
+        return best
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
+        self._target.setdefault(k + 1, _Mean(self.decay)).add(target_s)
+        if k == 0:
+            self._since_draft += 1
+            return
+        self._since_draft = 0
+        self._draft.add(draft_s / k)
+        for i, (total, count) in enumerate(zip(beta_sums, verified)):
+            if count:
+                self._alpha[i].add(total / count, 1.0)
