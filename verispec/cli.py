@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 from .config import SamplingParams
@@ -73,6 +74,21 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
     train.add_argument("--checkpoint-every", type=int, default=100)
 
+    bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
+    bench.add_argument("--target", required=True, help="target model directory")
+    bench.add_argument("--draft", required=True, help="draft model directory")
+    bench.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
+    bench.add_argument("--k", default="1,2,4", help="comma-separated draft lengths, 'auto' allowed (default 1,2,4)")
+    bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default 0)")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
+    bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--json", help="write the results here")
+    bench.add_argument("--csv", help="write one row per run here")
+    bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
+
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
@@ -118,6 +134,47 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_prompts(path: str, limit: int | None) -> list[str]:
+    import json
+
+    prompts = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string') from None
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts[:limit]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench, write_reports
+
+    ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
+    temperatures = [float(t) for t in args.temperature.split(",")]
+    dtype = parse_dtype(args.dtype)
+    target = load_pretrained(args.target, dtype)
+    draft_model = load_pretrained(args.draft, dtype)
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
+    prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
+    result = run_bench(target, lambda: ModelDrafter(draft_model), prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed, draft_model)
+    print(f"{'k':>5} {'T':>4} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} {'alpha_hat':>9} {'beta':>5} {'tok/pass':>8} identical")
+    for run in result["runs"]:
+        predicted = "-" if run["predicted_speedup"] is None else f"{run['predicted_speedup']:.2f}"
+        spread = f"{run['speedup']:.2f} [{run['speedup_min']:.2f},{run['speedup_max']:.2f}]"
+        print(f"{run['k']!s:>5} {run['temperature']:>4} {run['tokens_per_s_baseline']:>10.1f} {run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5}"
+              f" {run['alpha_hat']:>9.3f} {run['beta']:>5.3f} {run['mean_tokens_per_pass']:>8.2f} {run['greedy_identical']}")
+    print("tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]")
+    for path in write_reports(result, args.json, args.csv, args.plot_dir):
+        print(f"wrote {path}")
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from . import train
 
@@ -145,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "train":
             return _train(args)
         if args.command == "toy":

@@ -1,0 +1,60 @@
+"""The cost profiler and the side-by-side benchmark: shapes, contracts and reports (no timing asserts)."""
+
+import csv
+import json
+
+import pytest
+
+from verispec.bench import run_bench, write_reports
+from verispec.cli import main
+from verispec.drafters.model import ModelDrafter
+from verispec.models.checkpoint import load_pretrained
+from verispec.models.toy import make_toy_pair
+from verispec.profiler import context_bucket, profile_costs
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target_dir, draft_dir = make_toy_pair(tmp_path_factory.mktemp("toy"))
+    return target_dir, draft_dir, load_pretrained(target_dir), load_pretrained(draft_dir)
+
+
+def test_profile_has_one_time_per_position_count_and_a_draft_ratio(pair):
+    _, _, target, draft = pair
+    profile = profile_costs(target, draft, k_max=3, context_length=20, repeats=3, use_cache=False)
+    assert len(profile.target_s) == 4 and all(t > 0 for t in profile.target_s)
+    assert profile.r[0] == 1.0 and profile.c > 0 and profile.context_length == 32
+    assert profile_costs(target, draft, k_max=3, context_length=30, repeats=3) is profile_costs(target, draft, k_max=3, context_length=17, repeats=3)
+    assert [context_bucket(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
+    with pytest.raises(ValueError, match="k_max"):
+        profile_costs(target, draft, k_max=-1)
+
+
+def test_bench_reports_every_run_with_the_documented_fields(pair, tmp_path):
+    _, _, target, draft = pair
+    prompts = [[1, 2, 3, 4], [50, 60]]
+    result = run_bench(target, lambda: ModelDrafter(draft), prompts, [1, 3, "auto"], [0.0, 1.0], max_new_tokens=6, repeats=2, draft_model=draft, progress=False)
+    runs = result["runs"]
+    assert [(r["temperature"], r["k"]) for r in runs] == [(0.0, 1), (0.0, 3), (0.0, "auto"), (1.0, 1), (1.0, 3), (1.0, "auto")]
+    for run in runs:
+        assert run["speedup_min"] <= run["speedup"] <= run["speedup_max"]
+        assert run["tokens_per_s_baseline"] > 0 and run["tokens_per_s_speculative"] > 0
+        assert run["k"] == "auto" or 1 <= run["mean_tokens_per_pass"] <= run["k"] + 1
+        assert (run["greedy_identical"] is True) if run["temperature"] == 0 else run["greedy_identical"] is None
+        assert (run["predicted_speedup"] is None) == (run["k"] == "auto")
+    paths = write_reports(result, tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "plots")
+    assert json.loads((tmp_path / "b.json").read_text())["runs"][0]["k"] == 1
+    assert len(list(csv.DictReader(open(tmp_path / "b.csv")))) == 6
+    assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_bench_command_prints_a_table(pair, tmp_path, capsys):
+    target_dir, draft_dir, _, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
+    code = main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "4", "--repeats", "1", "--json", str(tmp_path / "o.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "includes the recovered/bonus token" in out and (tmp_path / "o.json").exists()
+    prompts.write_text("not json\n")
+    assert main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts)]) == 2
+    assert "p.jsonl:1" in capsys.readouterr().err
