@@ -89,6 +89,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--csv", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
 
+    prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
+    prof.add_argument("--target", required=True, help="target model directory, or a preset name of verispec.train (random weights)")
+    prof.add_argument("--draft", help="draft model directory or preset name")
+    prof.add_argument("--k-max", type=int, default=8)
+    prof.add_argument("--batch-size", type=int, default=1)
+    prof.add_argument("--context", type=int, default=128)
+    prof.add_argument("--repeats", type=int, default=15)
+    prof.add_argument("--dtype", default="float32")
+
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
@@ -131,6 +140,32 @@ def _generate(args: argparse.Namespace) -> int:
             shown = text
     print()
     print(stats.summary())
+    return 0
+
+
+def _model(name: str, dtype):
+    """A model directory, or a preset of verispec.train with random weights (costs only)."""
+    from . import train
+    from .models.llama import LlamaForCausalLM, init_weights
+
+    if not Path(name).exists() and name in train.PRESETS:
+        return init_weights(LlamaForCausalLM(train.PRESETS[name])).to(dtype).eval()
+    return load_pretrained(name, dtype)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .models.kernels import kernel_status
+    from .profiler import profile_costs
+
+    dtype = parse_dtype(args.dtype)
+    target = _model(args.target, dtype)
+    draft = _model(args.draft, dtype) if args.draft else None
+    profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
+    print(f"target {target.config.num_parameters / 1e6:.1f}M params, {args.dtype}, batch {args.batch_size}, context bucket {profile.context_length}; {kernel_status()}")
+    for n, (t, r) in enumerate(zip(profile.target_s, profile.r), 1):
+        print(f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}")
+    if draft is not None:
+        print(f"t_draft = {profile.draft_s * 1e3:.2f} ms per token ({draft.config.num_parameters / 1e6:.1f}M params)   c = {profile.c:.3f}")
     return 0
 
 
@@ -202,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "profile":
+            return _profile(args)
         if args.command == "bench":
             return _bench(args)
         if args.command == "train":
