@@ -58,3 +58,31 @@ def test_bench_command_prints_a_table(pair, tmp_path, capsys):
     prompts.write_text("not json\n")
     assert main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts)]) == 2
     assert "p.jsonl:1" in capsys.readouterr().err
+
+
+def test_position_alphas_from_known_betas():
+    import torch
+
+    from verispec.planner import position_alphas
+
+    constant = [torch.full((50,), 0.8, dtype=torch.float64)]
+    assert position_alphas(constant, 3) == pytest.approx([0.8, 0.8, 0.8])
+    # alternating 1, 0: a block accepts position 1 half the time and never position 2
+    alternating = [torch.tensor([1.0, 0.0] * 20, dtype=torch.float64)]
+    assert position_alphas(alternating, 2) == pytest.approx([0.5, 0.0])
+
+
+def test_plan_recommends_speculation_for_a_self_draft_and_not_for_a_random_one(pair, tmp_path, capsys):
+    """The target as its own draft (beta = 1) pays at any c < 1 with r(n) near 1; a draft that
+    disagrees everywhere (beta = 0) never pays."""
+    from verispec.config import SamplingParams
+    from verispec.models.llama import LlamaForCausalLM, init_weights
+    from verispec.planner import plan
+
+    _, _, target, _ = pair
+    hostile = init_weights(LlamaForCausalLM(target.config.replace(num_hidden_layers=1)), std=2.0, seed=5).eval()
+    report = plan(target, {"self": target, "hostile": hostile}, [[1, 2, 3], [9, 8]], SamplingParams(temperature=0, max_new_tokens=12), k_max=4)
+    self_, bad = report["candidates"]
+    assert self_["beta"] == pytest.approx(1.0) and self_["alpha_by_position"] == pytest.approx([1.0] * 4)
+    assert self_["predicted_speedup"][0] == 1.0 and len(self_["predicted_speedup"]) == 5
+    assert bad["beta"] < 0.3 and bad["recommended_k"] == 0 and bad["advice"] == "do not speculate"

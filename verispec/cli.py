@@ -89,6 +89,18 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--csv", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
 
+    adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use")
+    adv.add_argument("--target", required=True, help="target model directory")
+    adv.add_argument("--draft", required=True, action="append", help="a candidate draft directory (repeatable)")
+    adv.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
+    adv.add_argument("--k-max", type=int, default=8)
+    adv.add_argument("--temperature", type=float, default=0.0)
+    adv.add_argument("--max-new-tokens", type=int, default=64)
+    adv.add_argument("--max-prompts", type=int, default=None)
+    adv.add_argument("--seed", type=int, default=0)
+    adv.add_argument("--dtype", default="float32")
+    adv.add_argument("--json", help="write the report here")
+
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
     prof.add_argument("--target", required=True, help="target model directory, or a preset name of verispec.train (random weights)")
     prof.add_argument("--draft", help="draft model directory or preset name")
@@ -151,6 +163,32 @@ def _model(name: str, dtype):
     if not Path(name).exists() and name in train.PRESETS:
         return init_weights(LlamaForCausalLM(train.PRESETS[name])).to(dtype).eval()
     return load_pretrained(name, dtype)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .planner import plan
+
+    if args.k_max < 1:
+        return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    dtype = parse_dtype(args.dtype)
+    target = load_pretrained(args.target, dtype)
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
+    drafts = {name: load_pretrained(name, dtype) for name in args.draft}
+    prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    report = plan(target, drafts, prompts, params, args.k_max)
+    for candidate in report["candidates"]:
+        print(f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f} -> {candidate['advice']}")
+        print("  alpha by position: " + " ".join(f"{a:.2f}" for a in candidate["alpha_by_position"]))
+        print("  predicted speed-up: " + " ".join(f"k={k}:{s:.2f}" for k, s in enumerate(candidate["predicted_speedup"])))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -237,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "plan":
+            return _plan(args)
         if args.command == "profile":
             return _profile(args)
         if args.command == "bench":

@@ -1,0 +1,81 @@
+"""The advisor behind `verispec plan`: should you speculate, with which draft, and with which k?
+
+Owns the teacher-forced acceptance estimate and the recommendation. No decoding loop runs
+with a draft: the target continues each prompt once, then the target and each draft score
+the whole sequence in one pass each. At every continuation position t this gives
+beta_t = sum_x min(p_t(x), q_t(x)). A block that starts at t accepts its first i proposals
+with probability prod_{j<i} beta_{t+j} (drafts of accepted tokens follow the committed text),
+so the mean of that product over t estimates alpha_1 * ... * alpha_i, and the ratios of
+successive products the per-position alpha_i of the refined model. With the profiler's c
+and r(n) it predicts S(k) for every k and recommends the best, or k = 0: do not speculate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .config import SamplingParams
+from .engine import generate_all
+from .profiler import profile_costs
+from .sampling import process_logits
+from .theory import refined_speedup
+
+
+@torch.no_grad()
+def teacher_forced_beta(
+    target: torch.nn.Module, draft: torch.nn.Module, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams
+) -> list[torch.Tensor]:
+    """beta_t for the positions that predict sequence[starts[b]:], one [T_b] tensor per sequence."""
+    betas = []
+    for sequence, start in zip(sequences, starts):
+        ids = torch.tensor([list(sequence)], device=target.device)
+        p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
+        q = process_logits(draft(ids)[0, start - 1 : -1], params)
+        betas.append(torch.minimum(p, q).sum(dim=-1).double().cpu())
+    return betas
+
+
+def position_alphas(betas: Sequence[torch.Tensor], k_max: int) -> list[float]:
+    """alpha_1..alpha_k_max from per-position beta: ratios of mean block-acceptance products."""
+    products = []  # products[i] = mean over t of prod_{j<=i} beta_{t+j}
+    for i in range(k_max):
+        values = [torch.stack([b[j : len(b) - i + j] for j in range(i + 1)]).prod(dim=0) for b in betas if len(b) > i]
+        values = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
+        products.append(float(values.mean()) if len(values) else float("nan"))
+    alphas, before = [], 1.0
+    for product in products:
+        if math.isnan(product) or before <= 0:  # too few positions this deep: borrow the last
+            alphas.append(alphas[-1] if alphas else 0.0)
+            continue
+        alphas.append(min(max(product / before, 0.0), 1.0))
+        before = product
+    return alphas
+
+
+def plan(
+    target: torch.nn.Module,
+    drafts: dict[str, torch.nn.Module],
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    k_max: int = 8,
+) -> dict:
+    """Per draft: alpha per position, c, predicted S(k) for k = 0..k_max, the recommended k."""
+    continuations = generate_all(target, prompts, params)
+    sequences = [list(p) + c for p, c in zip(prompts, continuations)]
+    context = round(sum(map(len, sequences)) / len(sequences))
+    report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
+    for name, draft in drafts.items():
+        betas = teacher_forced_beta(target, draft, sequences, [len(p) for p in prompts], params)
+        alphas = position_alphas(betas, k_max)
+        profile = profile_costs(target, draft, k_max=k_max, context_length=context)
+        predicted = [refined_speedup(alphas[:k], profile.c, profile.r) for k in range(k_max + 1)]
+        best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
+        report["candidates"].append({
+            "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": profile.c,
+            "r": list(profile.r), "predicted_speedup": predicted, "recommended_k": best,
+            "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
+        })
+    return report
