@@ -19,40 +19,18 @@ import torch
 from torch import nn
 
 from verispec.config import SamplingParams
+from verispec.models.llama import CacheLengths
 from verispec.sampling import process_logits
 
 BOS = 0
 
 
-class TokenCache:
-    """Token ids [B, S_max] by position, with a valid length per row (rollback = new lengths)."""
+class TokenCache(CacheLengths):
+    """Token ids [B, S_max] by position, with KVCache's length bookkeeping (rollback = new lengths)."""
 
     def __init__(self, batch_size: int, max_length: int, device: torch.device | str):
+        super().__init__(batch_size, max_length, device)
         self.tokens = torch.full((batch_size, max_length), BOS, dtype=torch.long, device=device)
-        self.max_length = max_length
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        self._host_lengths = [0] * batch_size
-
-    @property
-    def batch_size(self) -> int:
-        return self.lengths.shape[0]
-
-    @property
-    def host_lengths(self) -> list[int]:
-        return list(self._host_lengths)
-
-    def advance(self, num_tokens: int) -> None:
-        self.lengths += num_tokens
-        self._host_lengths = [n + num_tokens for n in self._host_lengths]
-
-    def rollback(self, lengths: list[int]) -> None:
-        """Keep the first lengths[b] positions of row b; the stale entries are left in place."""
-        if len(lengths) != self.batch_size:
-            raise ValueError(f"rollback needs {self.batch_size} lengths, got {len(lengths)}")
-        if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
-            raise ValueError(f"rollback lengths must lie in [0, current lengths]")
-        self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
 
     def valid(self, row: int) -> list[int]:
         """The committed token ids of one row."""

@@ -4,6 +4,7 @@ The public API, re-exported. See docs/ARCHITECTURE.md for which module owns what
 """
 
 from .config import SamplingParams, SpecConfig
+from .control import AdaptiveLength, DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .engine import generate, generate_all
@@ -16,6 +17,7 @@ from .stats import RequestStats, SpecStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveLength", "DraftLengthPolicy", "FixedLength",
     "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "ModelDrafter", "RequestStats",
     "SamplingParams", "SpecConfig", "SpecStats", "acceptance_probability", "generate", "generate_all",
     "load_pretrained", "process_logits", "sample", "save_pretrained", "verify",

@@ -112,16 +112,18 @@ class LlamaConfig:
         return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
 
 
-class KVCache:
-    """Preallocated keys and values [layers, B, S_max, H_kv, D] with a valid length per row."""
+class CacheLengths:
+    """A valid length per batch row, on the device and mirrored on the host (no sync to read).
 
-    def __init__(self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str):
-        shape = (config.num_hidden_layers, batch_size, max_length, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+    The bookkeeping every cache shares: a forward advances all rows by its T positions;
+    `rollback` lowers them to the committed lengths. Subclasses keep their per-position
+    state indexed by these lengths, so rolling back never copies that state.
+    """
+
+    def __init__(self, batch_size: int, max_length: int, device: torch.device | str):
         self.max_length = max_length
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        self._host_lengths = [0] * batch_size  # mirror, so that no forward needs a host sync
+        self._host_lengths = [0] * batch_size
 
     @property
     def batch_size(self) -> int:
@@ -136,13 +138,23 @@ class KVCache:
         self._host_lengths = [n + num_tokens for n in self._host_lengths]
 
     def rollback(self, lengths: list[int]) -> None:
-        """Keep the first lengths[b] positions of row b; never copies keys or values."""
+        """Keep the first lengths[b] positions of row b; never copies the per-position state."""
         if len(lengths) != self.batch_size:
             raise ValueError(f"rollback needs {self.batch_size} lengths, got {len(lengths)}")
         if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
             raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
         self._host_lengths = list(lengths)
         self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
+
+
+class KVCache(CacheLengths):
+    """Preallocated keys and values [layers, B, S_max, H_kv, D] with a valid length per row."""
+
+    def __init__(self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(batch_size, max_length, device)
+        shape = (config.num_hidden_layers, batch_size, max_length, config.num_key_value_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
 
 
 class RMSNorm(nn.Module):
