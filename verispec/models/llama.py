@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import Linear
+from .kernels import Linear, linear, packed
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
@@ -180,9 +180,11 @@ def rope_tables(config: LlamaConfig, max_length: int, device: torch.device | str
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos, sin [B, T, 1, D]."""
+    """x [B, T, H, D]; cos, sin [B, T, 1, D] float32. Computed in float32."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    if x.dtype == torch.float32:
+        return x * cos + rotated * sin
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
@@ -190,7 +192,7 @@ def grouped_attention(
     q: torch.Tensor,  # [B, T, H, D]
     keys: torch.Tensor,  # [B, S, H_kv, D]
     values: torch.Tensor,  # [B, S, H_kv, D]
-    mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend
+    mask: torch.Tensor,  # [B, 1, T, S] float: 0 = attend, -inf = masked
 ) -> torch.Tensor:
     """Masked attention with grouped query heads, for few query rows -> [B, T, H, D].
 
@@ -202,8 +204,8 @@ def grouped_attention(
     group = heads // kv_heads
     q = q.view(batch, length, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * length, dim)
     scores = torch.matmul(q.float(), keys.permute(0, 2, 3, 1).float()) / math.sqrt(dim)  # [B, H_kv, G*T, S]
-    scores = scores.masked_fill(~mask.repeat(1, 1, group, 1), float("-inf"))
-    out = torch.matmul(scores.softmax(dim=-1), values.transpose(1, 2).float())  # [B, H_kv, G*T, D]
+    scores = scores.view(batch, kv_heads, group, length, -1) + mask[:, :, None]  # [B, H_kv, G, T, S]
+    out = torch.matmul(scores.view(batch, kv_heads, group * length, -1).softmax(dim=-1), values.transpose(1, 2).float())
     return out.to(q.dtype).view(batch, kv_heads, group, length, dim).permute(0, 3, 1, 2, 4).reshape(batch, length, heads, dim)
 
 
@@ -218,6 +220,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self._qkv: dict = {}
 
     def forward(
         self,
@@ -227,13 +230,14 @@ class Attention(nn.Module):
         keys: torch.Tensor | None,  # [B, S_max, H_kv, D] this layer's cache, or None
         values: torch.Tensor | None,  # [B, S_max, H_kv, D]
         write_at: tuple[torch.Tensor, torch.Tensor] | None,  # (rows [B, T], positions [B, T])
-        mask: torch.Tensor | None,  # [B, 1, T, S] bool, True = attend
+        mask: torch.Tensor | None,  # [B, 1, T, S] float: 0 = attend, -inf = masked
     ) -> torch.Tensor:
         batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = linear(x, *packed([self.q_proj, self.k_proj, self.v_proj], self._qkv))  # one product
+        qkv = qkv.view(batch, length, heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated together
+        q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
         if keys is None:  # no cache (training, scoring): plain causal attention over the input
             keys_all, values_all = k, v
         else:
@@ -259,9 +263,11 @@ class MLP(nn.Module):
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self._gate_up: dict = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linear(x, *packed([self.gate_proj, self.up_proj], self._gate_up)).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -334,7 +340,8 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
             positions = cache.lengths[:, None] + torch.arange(length, device=device)  # [B, T]
             write_at = (torch.arange(batch, device=device)[:, None].expand(batch, length), positions)
-            mask = (torch.arange(span, device=device) <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+            visible = torch.arange(span, device=device) <= positions[:, :, None]  # [B, T, S]
+            mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))[:, None]  # [B, 1, T, S]
         cos, sin = self._rope_tables(span)
         cos, sin = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)  # [B, T, 1, D]
         x = self.model.embed_tokens(input_ids)
