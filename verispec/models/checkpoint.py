@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .llama import LlamaConfig, LlamaForCausalLM
+from .llama import LlamaConfig, LlamaForCausalLM, from_hf_state_dict, to_hf_state_dict
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,6 +68,7 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         state.pop("lm_head.weight", None)
     elif "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
         raise CheckpointError(f"{directory}: lm_head.weight missing while tie_word_embeddings is false")
+    state = from_hf_state_dict(state, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -97,6 +98,7 @@ def save_pretrained(model: LlamaForCausalLM, directory: str | Path, max_shard_by
     state = {n: t.detach().contiguous().cpu() for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight")
+    state = to_hf_state_dict(state, config)
     shards = _shard(state, max_shard_bytes)
     for stale in directory.glob("model*.safetensors*"):
         stale.unlink()

@@ -67,24 +67,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def packed(linears: list[torch.nn.Linear], store: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights (and biases) of `linears` stacked into one [sum N, K] matrix, so that one
-    product replaces several (q, k and v; gate and up). Under autograd the stack is rebuilt
-    each call so gradients flow; in inference it is cached in `store` and rebuilt only when a
-    weight changes (a new tensor or an in-place update), at the price of a second copy."""
-    weights = [layer.weight for layer in linears]
-    biases = [layer.bias for layer in linears]
-    has_bias = biases[0] is not None
-    if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-        return torch.cat(weights), torch.cat(biases) if has_bias else None
-    key = tuple((w.data_ptr(), w._version, w.device, w.dtype) for w in weights)
-    if store.get("key") != key:
-        with torch.no_grad():
-            store["value"] = (torch.cat(weights).contiguous(), torch.cat(biases) if has_bias else None)
-        store["key"] = key
-    return store["value"]
-
-
 class Linear(torch.nn.Linear):
     """nn.Linear (same parameters and state-dict names) whose forward is `linear`."""
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import Linear, linear, packed
+from .kernels import Linear
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
@@ -215,12 +215,8 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        bias = config.attention_bias
-        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.qkv_proj = Linear(config.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=config.attention_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        self._qkv: dict = {}
 
     def forward(
         self,
@@ -234,8 +230,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = linear(x, *packed([self.q_proj, self.k_proj, self.v_proj], self._qkv))  # one product
-        qkv = qkv.view(batch, length, heads + 2 * kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(batch, length, heads + 2 * kv_heads, self.head_dim)  # q, k, v in one product
         qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)  # q and k rotated together
         q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
         if keys is None:  # no cache (training, scoring): plain causal attention over the input
@@ -260,13 +255,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self._gate_up: dict = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, *packed([self.gate_proj, self.up_proj], self._gate_up)).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -371,6 +364,39 @@ class LlamaForCausalLM(nn.Module):
             ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         self.hidden_states(ids, cache)
         cache.rollback([len(p) for p in prompts])
+
+
+# Hugging Face keeps q, k, v (and gate, up) as separate matrices; this model stacks them so that
+# one product replaces several. These two functions are the only place that knows the mapping.
+_PACKED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def from_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face parameter names and matrices -> this model's (q/k/v and gate/up stacked)."""
+    state = dict(state)
+    for layer in range(config.num_hidden_layers):
+        for packed, parts in _PACKED.items():
+            for kind in ("weight", "bias"):
+                names = [f"model.layers.{layer}.{part}.{kind}" for part in parts]
+                if all(name in state for name in names):
+                    state[f"model.layers.{layer}.{packed}.{kind}"] = torch.cat([state.pop(name) for name in names])
+    return state
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """This model's parameters -> Hugging Face names, q/k/v and gate/up split again."""
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    sizes = {"self_attn.qkv_proj": (q, kv, kv), "mlp.gate_up_proj": (config.intermediate_size, config.intermediate_size)}
+    out = {}
+    for name, tensor in state.items():
+        packed = next((p for p in _PACKED if f".{p}." in name), None)
+        if packed is None:
+            out[name] = tensor
+            continue
+        prefix, kind = name.split(f".{packed}.")
+        for part, piece in zip(_PACKED[packed], tensor.split(sizes[packed])):
+            out[f"{prefix}.{part}.{kind}"] = piece.contiguous()
+    return out
 
 
 def init_weights(model: LlamaForCausalLM, std: float = 0.02, seed: int = 0) -> LlamaForCausalLM:
