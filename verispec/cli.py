@@ -16,6 +16,8 @@ from .control import AdaptiveLength
 from .drafters.model import ModelDrafter
 from .engine import generate
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
+from .models.hf import load_model
+from .models.vocab import check_same_tokenizer, match_vocab_size
 from .stats import SpecStats
 
 
@@ -110,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=15)
     prof.add_argument("--dtype", default="float32")
 
+    quant = commands.add_parser("quantize", help="weight-only int8 (per channel) or int4 (group-wise) copy of a model")
+    quant.add_argument("--model", required=True, help="float model directory")
+    quant.add_argument("--out", required=True, help="directory to write")
+    quant.add_argument("--bits", type=int, default=8, choices=[4, 8])
+    quant.add_argument("--group-size", type=int, default=64, help="with --bits 4: 32, 64 or 128")
+
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
@@ -123,17 +131,20 @@ def _generate(args: argparse.Namespace) -> int:
     if args.target is None:
         return _fail("--target DIR is required (no built-in model pair is installed yet)")
     dtype = parse_dtype(args.dtype)
-    target = load_pretrained(args.target, dtype)
+    target = load_model(args.target, dtype)
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so text cannot be encoded")
     drafter = None
     if args.draft is not None and not args.no_speculation:
-        drafter = ModelDrafter(load_pretrained(args.draft, dtype))
+        draft = load_model(args.draft, dtype)
+        check_same_tokenizer(args.target, args.draft, target.vocab_size, draft.vocab_size)
+        drafter = ModelDrafter(match_vocab_size(draft, target.vocab_size))
     eos = target.config.eos_token_id
+    eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, stop_token_ids=() if eos is None or args.ignore_eos else (eos,),
+        max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else eos,
     )
     prompt_ids = tokenizer.encode(prompt).ids
     if not prompt_ids:
@@ -188,6 +199,18 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}")
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from .models.checkpoint import save_pretrained
+    from .models.quantize import quantize_model, weight_bytes
+
+    model = load_pretrained(args.model)
+    before = weight_bytes(model)
+    quantize_model(model, args.bits, args.group_size)
+    save_pretrained(model, args.out, max_shard_bytes=50_000_000, tokenizer_from=args.model)
+    print(f"wrote {args.out}: int{args.bits} weights, {before / 1e6:.1f} MB -> {weight_bytes(model) / 1e6:.1f} MB read per pass")
     return 0
 
 
@@ -277,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "quantize":
+            return _quantize(args)
         if args.command == "profile":
             return _profile(args)
         if args.command == "bench":

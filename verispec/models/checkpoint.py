@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from .llama import LlamaConfig, LlamaForCausalLM, from_hf_state_dict, to_hf_state_dict
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+QUANT_METHOD = "verispec"  # int8 / int4 weight-only, models/quantize.py
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -33,11 +34,20 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def read_config(directory: str | Path) -> LlamaConfig:
+    return _read_configs(directory)[0]
+
+
+def _read_configs(directory: str | Path) -> tuple[LlamaConfig, dict | None]:
+    """The model config and verispec's quantization_config (None for a float model)."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json (not a Hugging Face model directory)")
     try:
-        return LlamaConfig.from_hf(json.loads(path.read_text()))
+        hf = json.loads(path.read_text())
+        quantization = hf.get("quantization_config")
+        if quantization is not None and quantization.get("quant_method") != QUANT_METHOD:
+            raise ValueError(f"quantization_config {quantization!r} is not verispec's ({QUANT_METHOD})")
+        return LlamaConfig.from_hf(hf), quantization
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: {type(error).__name__}: {error}") from None
 
@@ -62,7 +72,7 @@ def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """Load a Hugging Face Llama/Qwen2/Mistral directory into verispec's model."""
     directory = Path(directory)
-    config = read_config(directory)
+    config, quantization = _read_configs(directory)
     state = _read_state_dict(directory)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -71,6 +81,10 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
     state = from_hf_state_dict(state, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+        if quantization is not None:
+            from .quantize import quantize_model
+
+            quantize_model(model, quantization["bits"], quantization["group_size"])
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight")
@@ -83,7 +97,7 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
     for name, tensor in state.items():
         if name in expected and tuple(tensor.shape) != shapes[name]:
             raise CheckpointError(f"{directory}: {name} has shape {tuple(tensor.shape)}, config implies {shapes[name]}")
-    model.load_state_dict({n: t.to(dtype) for n, t in state.items() if n in expected}, assign=True, strict=False)
+    model.load_state_dict({n: t if not t.is_floating_point() or n.endswith(".scale") else t.to(dtype) for n, t in state.items() if n in expected}, assign=True, strict=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()
@@ -94,7 +108,10 @@ def save_pretrained(model: LlamaForCausalLM, directory: str | Path, max_shard_by
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
-    (directory / "config.json").write_text(json.dumps(config.to_hf(model.dtype), indent=2) + "\n")
+    hf = config.to_hf(model.dtype)
+    if getattr(model, "quantization", None):
+        hf["quantization_config"] = {**model.quantization, "quant_method": QUANT_METHOD}
+    (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     state = {n: t.detach().contiguous().cpu() for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight")

@@ -52,19 +52,39 @@ def kernel_status() -> str:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (
-        1 <= rows <= MAX_ROWS
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.device.type == "cpu"
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and _load() is not None
-    ):
+    rows = _kernel_rows(x) if weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad) else 0
+    if rows:
         y = _kernel.skinny_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight.contiguous())
         y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
+
+
+def _kernel_rows(x: torch.Tensor) -> int:
+    """How many rows x [..., K] has if the skinny kernels may take it, else 0."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    usable = 1 <= rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+    return rows if usable and not (torch.is_grad_enabled() and x.requires_grad) and _load() is not None else 0
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ (qweight [N, K] int8 * scale [N, 1]).T (+ bias)."""
+    rows = _kernel_rows(x) if x.shape[-1] % 8 == 0 else 0
+    if rows:
+        y = _kernel.skinny_int8_linear(x.reshape(rows, x.shape[-1]).contiguous(), qweight, scale).view(*x.shape[:-1], -1)
+    else:
+        y = F.linear(x, (qweight.float() * scale[:, None]).to(x.dtype))
+    return y if bias is None else y + bias
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group: int, dequantize, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ dequantize(packed [N, K/2], scale [N, K/group]).T (+ bias)."""
+    rows = _kernel_rows(x)
+    if rows:
+        y = _kernel.skinny_int4_linear(x.reshape(rows, x.shape[-1]).contiguous(), packed, scale, group).view(*x.shape[:-1], -1)
+    else:
+        y = F.linear(x, dequantize(packed, scale, group).to(x.dtype))
+    return y if bias is None else y + bias
 
 
 class Linear(torch.nn.Linear):

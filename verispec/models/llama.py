@@ -376,7 +376,7 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> d
     state = dict(state)
     for layer in range(config.num_hidden_layers):
         for packed, parts in _PACKED.items():
-            for kind in ("weight", "bias"):
+            for kind in ("weight", "bias", "qweight", "scale"):  # the last two: quantize.QuantLinear
                 names = [f"model.layers.{layer}.{part}.{kind}" for part in parts]
                 if all(name in state for name in names):
                     state[f"model.layers.{layer}.{packed}.{kind}"] = torch.cat([state.pop(name) for name in names])

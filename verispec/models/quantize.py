@@ -1,0 +1,135 @@
+"""Weight-only quantization of a Llama-family model's linear layers.
+
+Owns the formats and `QuantLinear`:
+- int8, one float32 scale per output channel (symmetric, round-to-nearest);
+- int4, one float32 scale per group of `group_size` weights along the input (32, 64 or 128;
+  symmetric, round-to-nearest), packed two to a byte: within every 16 weights, byte j holds
+  weight j in its low nibble and weight j+8 in its high nibble, each stored as q + 8.
+The forward pass reads the packed weights (csrc/skinny_linear.cpp dequantises them in
+registers for 1..8 rows), so a decoding pass moves 4x (int8) or about 7x (int4) fewer weight
+bytes than float32. Other shapes dequantise on the fly (correct, not fast). A quantized model
+saves and loads as a directory: config.json with a `quantization_config`, safetensors with
+`qweight` and `scale` tensors. Knows nothing of speculation: a quantized model is simply a
+model, usable as a target or as a draft.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .kernels import int4_linear, int8_linear
+
+GROUP_SIZES = (32, 64, 128)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], scale [N]); w ~ q * scale."""
+    scale = (weight.float().abs().amax(dim=1) / 127).clamp_min(1e-12)
+    return torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (packed uint8 [N, K/2], scale [N, K/group]); w ~ q * scale, q in -7..7."""
+    rows, cols = weight.shape
+    groups = weight.float().view(rows, cols // group, group)
+    scale = (groups.abs().amax(dim=2) / 7).clamp_min(1e-12)  # [N, K/group]
+    q = torch.round(groups / scale[..., None]).clamp(-8, 7).view(rows, cols).to(torch.int16)
+    return pack_int4(q), scale
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] in -8..7 -> uint8 [N, K/2] in the kernel's layout."""
+    rows, cols = q.shape
+    blocks = (q + 8).view(rows, cols // 16, 2, 8)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).to(torch.uint8).view(rows, cols // 2)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> q [N, K] in -8..7 (int16)."""
+    rows = packed.shape[0]
+    blocks = packed.view(rows, -1, 8).to(torch.int16)
+    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).view(rows, -1) - 8
+
+
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    q = unpack_int4(packed).float()
+    return (q.view(q.shape[0], -1, group) * scale[..., None]).view(q.shape)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer with int8 or group-wise int4 weights (inference only)."""
+
+    def __init__(self, in_features: int, out_features: int, bits: int, group_size: int = 64, bias: bool = False):
+        super().__init__()
+        if bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+        if bits == 4 and (group_size not in GROUP_SIZES or in_features % group_size):
+            raise ValueError(f"group_size must be one of {GROUP_SIZES} and divide in_features ({in_features}), got {group_size!r}")
+        if in_features % 16:
+            raise ValueError(f"in_features must be a multiple of 16 to quantize, got {in_features}")
+        self.in_features, self.out_features, self.bits, self.group_size = in_features, out_features, bits, group_size
+        if bits == 8:
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+            self.register_buffer("scale", torch.ones(out_features))
+        else:
+            self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+            self.register_buffer("scale", torch.ones(out_features, in_features // group_size))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear, bits: int, group_size: int = 64) -> "QuantLinear":
+        quant = cls(layer.in_features, layer.out_features, bits, group_size, bias=layer.bias is not None)
+        with torch.no_grad():
+            qweight, scale = quantize_int8(layer.weight) if bits == 8 else quantize_int4(layer.weight, group_size)
+            quant.qweight.copy_(qweight)
+            quant.scale.copy_(scale)
+            if layer.bias is not None:
+                quant.bias.copy_(layer.bias.float())
+        return quant.to(layer.weight.device)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight [N, K] these codes stand for."""
+        if self.bits == 8:
+            return self.qweight.float() * self.scale[:, None]
+        return dequantize_int4(self.qweight, self.scale, self.group_size)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() * self.qweight.element_size() + self.scale.numel() * self.scale.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bits == 8:
+            return int8_linear(x, self.qweight, self.scale, self.bias)
+        return int4_linear(x, self.qweight, self.scale, self.group_size, dequantize_int4, self.bias)
+
+
+QUANTIZED_LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def quantize_model(model: nn.Module, bits: int, group_size: int = 64) -> nn.Module:
+    """Replace the decoder layers' projections by QuantLinear, in place (embeddings and head stay).
+
+    The model must be float32 (activations stay float32). Records the format in
+    `model.quantization` so that checkpoint I/O can save and rebuild it.
+    """
+    if model.dtype != torch.float32:
+        raise ValueError(f"quantize a float32 model, got {model.dtype}")
+    for layer in model.model.layers:
+        for path in QUANTIZED_LAYERS:
+            parent_name, child_name = path.split(".")
+            parent = getattr(layer, parent_name)
+            setattr(parent, child_name, QuantLinear.from_linear(getattr(parent, child_name), bits, group_size))
+    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn"}
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights a full forward pass reads (embedding rows excepted: one row per token)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += module.weight_bytes
+        elif isinstance(module, nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
