@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 
 from .config import SamplingParams
 from .control import AdaptiveLength
@@ -117,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("--out", required=True, help="directory to write")
     quant.add_argument("--bits", type=int, default=8, choices=[4, 8])
     quant.add_argument("--group-size", type=int, default=64, help="with --bits 4: 32, 64 or 128")
+    quant.add_argument("--calibration", help="with --bits 4: a data directory of 'verispec train data' (GPTQ on its training split)")
+    quant.add_argument("--calibration-windows", type=int, default=32, help="256-token windows of calibration text (default 32)")
 
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
@@ -208,9 +212,16 @@ def _quantize(args: argparse.Namespace) -> int:
 
     model = load_pretrained(args.model)
     before = weight_bytes(model)
-    quantize_model(model, args.bits, args.group_size)
+    calibration = None
+    if args.calibration:
+        from .train import load_tokens
+
+        tokens = load_tokens(args.calibration, "train")
+        starts = torch.randint(0, len(tokens) - 257, (args.calibration_windows,), generator=torch.Generator().manual_seed(0))
+        calibration = torch.stack([tokens[s : s + 256] for s in starts.tolist()])
+    quantize_model(model, args.bits, args.group_size, calibration)
     save_pretrained(model, args.out, max_shard_bytes=50_000_000, tokenizer_from=args.model)
-    print(f"wrote {args.out}: int{args.bits} weights, {before / 1e6:.1f} MB -> {weight_bytes(model) / 1e6:.1f} MB read per pass")
+    print(f"wrote {args.out}: int{args.bits} ({model.quantization['method']}) weights, {before / 1e6:.1f} MB -> {weight_bytes(model) / 1e6:.1f} MB read per pass")
     return 0
 
 

@@ -38,6 +38,36 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     return pack_int4(q), scale
 
 
+@torch.no_grad()
+def gptq_int4(weight: torch.Tensor, inputs: torch.Tensor, group: int, damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 with GPTQ's error compensation (Frantar et al. 2023), same format as quantize_int4.
+
+    Columns are quantized in order; each column's rounding error, weighted by the inverse
+    Hessian H = X^T X of the calibration inputs X [n, K], is pushed onto the columns not yet
+    quantized, so that the layer's output on inputs like X moves as little as possible. A
+    group's scale is fixed from the (updated) weights when the group is reached.
+    """
+    w = weight.detach().float().clone()  # [N, K]
+    rows, cols = w.shape
+    x = inputs.reshape(-1, cols).float()
+    hessian = x.T @ x / len(x)  # [K, K]
+    dead = hessian.diagonal() == 0
+    hessian[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    hessian += damping * hessian.diagonal().mean() * torch.eye(cols)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)  # [K, K]
+    q = torch.zeros(rows, cols, dtype=torch.int16)
+    scale = torch.zeros(rows, cols // group)
+    for i in range(cols):
+        if i % group == 0:
+            scale[:, i // group] = (w[:, i : i + group].abs().amax(dim=1) / 7).clamp_min(1e-12)
+        s = scale[:, i // group]
+        q[:, i] = torch.round(w[:, i] / s).clamp(-8, 7).to(torch.int16)
+        error = (w[:, i] - q[:, i] * s) / hinv[i, i]  # [N]
+        w[:, i + 1 :] -= error[:, None] * hinv[i, i + 1 :][None, :]
+    return pack_int4(q), scale
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q [N, K] in -8..7 -> uint8 [N, K/2] in the kernel's layout."""
     rows, cols = q.shape
@@ -107,21 +137,46 @@ class QuantLinear(nn.Module):
 QUANTIZED_LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def quantize_model(model: nn.Module, bits: int, group_size: int = 64) -> nn.Module:
+def quantize_model(model: nn.Module, bits: int, group_size: int = 64, calibration: torch.Tensor | None = None) -> nn.Module:
     """Replace the decoder layers' projections by QuantLinear, in place (embeddings and head stay).
 
-    The model must be float32 (activations stay float32). Records the format in
-    `model.quantization` so that checkpoint I/O can save and rebuild it.
+    Round-to-nearest by default; with `calibration` token ids [n, T] and bits = 4, GPTQ: each
+    projection's inputs are recorded on the calibration text (float model, one pass) and its
+    rounding errors compensated. The model must be float32 (activations stay float32). The
+    format is recorded in `model.quantization` so that checkpoint I/O can save and rebuild it.
     """
     if model.dtype != torch.float32:
         raise ValueError(f"quantize a float32 model, got {model.dtype}")
-    for layer in model.model.layers:
-        for path in QUANTIZED_LAYERS:
-            parent_name, child_name = path.split(".")
-            parent = getattr(layer, parent_name)
-            setattr(parent, child_name, QuantLinear.from_linear(getattr(parent, child_name), bits, group_size))
-    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn"}
+    if calibration is not None and bits != 4:
+        raise ValueError("calibration (GPTQ) is for bits = 4")
+    targets = [(getattr(layer, path.split(".")[0]), path.split(".")[1]) for layer in model.model.layers for path in QUANTIZED_LAYERS]
+    inputs = _record_inputs(model, [getattr(parent, name) for parent, name in targets], calibration) if calibration is not None else None
+    for index, (parent, name) in enumerate(targets):
+        layer = getattr(parent, name)
+        if inputs is None:
+            setattr(parent, name, QuantLinear.from_linear(layer, bits, group_size))
+        else:
+            quant = QuantLinear(layer.in_features, layer.out_features, 4, group_size, bias=layer.bias is not None)
+            quant.qweight, quant.scale = gptq_int4(layer.weight, inputs[index], group_size)
+            if layer.bias is not None:
+                quant.bias = layer.bias.detach().float().clone()
+            setattr(parent, name, quant)
+    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn" if calibration is None else "gptq"}
     return model
+
+
+@torch.no_grad()
+def _record_inputs(model: nn.Module, layers: list[nn.Module], calibration: torch.Tensor) -> list[torch.Tensor]:
+    """The inputs [n*T, K] each of `layers` sees while the model reads the calibration text."""
+    recorded: list[list[torch.Tensor]] = [[] for _ in layers]
+    hooks = [layer.register_forward_pre_hook(lambda _, args, i=i: recorded[i].append(args[0].reshape(-1, args[0].shape[-1]))) for i, layer in enumerate(layers)]
+    try:
+        for batch in calibration.split(8):
+            model(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [torch.cat(chunks) for chunks in recorded]
 
 
 def weight_bytes(model: nn.Module) -> int:
