@@ -63,9 +63,9 @@ def markov():
     return target, drafts
 
 
-def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int):
+def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int, prompt: list[int] = JOINT_PROMPT):
     stats = SpecStats()
-    outputs = generate_all(target, [JOINT_PROMPT] * n, params, drafter, k=k, stats=stats)
+    outputs = generate_all(target, [prompt] * n, params, drafter, k=k, stats=stats)
     tokens = np.asarray(outputs)  # every row has exactly JOINT_TOKENS tokens (no stop tokens)
     assert tokens.shape == (n, JOINT_TOKENS)
     cells = np.ravel_multi_index(tokens.T, (target.vocab_size,) * JOINT_TOKENS)

@@ -7,6 +7,7 @@ from .config import SamplingParams, SpecConfig
 from .control import AdaptiveLength, DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
+from .drafters.ngram import PromptLookupDrafter
 from .engine import generate, generate_all
 from .models.checkpoint import CheckpointError, load_pretrained, save_pretrained
 from .models.llama import KVCache, LlamaConfig, LlamaForCausalLM
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveLength", "DraftLengthPolicy", "FixedLength",
-    "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "ModelDrafter", "RequestStats",
+    "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "ModelDrafter", "PromptLookupDrafter", "RequestStats",
     "SamplingParams", "SpecConfig", "SpecStats", "acceptance_probability", "generate", "generate_all",
     "load_pretrained", "process_logits", "sample", "save_pretrained", "verify",
 ]

@@ -77,7 +77,7 @@ def run_bench(
         raise ValueError(f"ks must be integers >= 1 or 'auto', got {list(ks)}")
     k_max = max(numeric or [8])
     context = round(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
-    profile = profile_costs(target, draft_model, k_max=k_max, context_length=context) if draft_model is not None else None
+    profile = profile_costs(target, draft_model, k_max=k_max, context_length=context)  # no draft model: c = 0
     runs = []
     bar = tqdm(total=len(temperatures) * len(ks) * repeats, disable=not progress, desc="bench", dynamic_ncols=True)
     for temperature in temperatures:
@@ -103,12 +103,12 @@ def run_bench(
                 "acceptance_by_position": stats_all.acceptance_by_position, "beta_by_position": stats_all.beta_by_position,
                 "predicted_speedup": None, "greedy_identical": identical if temperature == 0 else None,
             }
-            if profile is not None and k != "auto":
-                run["predicted_speedup"] = refined_speedup(_alphas(stats_all, k), profile.c, profile.r)
+            if k != "auto":
+                run["predicted_speedup"] = refined_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r)
             runs.append(run)
     bar.close()
     return {
-        "runs": runs, "profile": profile.to_dict() if profile else None, "prompts": len(prompts),
+        "runs": runs, "profile": profile.to_dict(), "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "repeats": repeats,
         "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair ratios",
     }

@@ -1,0 +1,115 @@
+"""Prompt lookup (n-gram) drafting: propose what followed the last n tokens the last time.
+
+Owns each row's committed history (prompt + committed tokens) as a token tensor
+`[B, capacity]` with per-row lengths, and the lookup: the proposal continues the LATEST
+earlier occurrence of the row's last n tokens, trying n = max_ngram down to min_ngram
+(transformers' prompt lookup decoding, `prompt_lookup_num_tokens`; n-gram speculation in
+llama.cpp and vLLM). It runs no model and does not know the vocabulary or the sampling
+settings: its proposals are deterministic, so it declares `draft_probs = None` (q one-hot
+at the proposal), which keeps the accept-reject rule exact whatever it proposes.
+
+Padding (a proposal is always `[B, k]` and deterministic): the proposal is the history
+continued with period d = (row length) - (position after the match), i.e. as if the text
+kept repeating from the matched occurrence. When the match has k or more following tokens
+this is exactly the continuation; when it has fewer, the copy runs on into the proposal
+itself (a cycle such as "a b c a b" proposes "c a b c ..."). With no match, d = 1: the
+last token is repeated (cheap, and right for runs of one token).
+
+Cost: one vectorised comparison of every window of the history against the suffix per n,
+O(history * max_ngram) per row and step; the tensor work has no Python loop over rows or
+positions and no host synchronisation (only a host list of row lengths is kept up to date
+from the `num_accepted` list the engine passes). The history is a tensor rather than Python
+lists so that batches of 10^5 rows (the statistical tests) cost little; keep it on the
+target's device (`device=`), or each commit copies next_token_ids across.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..config import SamplingParams
+
+
+class PromptLookupDrafter:
+    """Proposes the continuation of the latest earlier occurrence of the last n tokens.
+
+    max_ngram, min_ngram: the longest and shortest suffix looked up (longest first);
+    device: where the history tensor lives (the target's device).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu"):
+        for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if max_ngram < min_ngram:
+            raise ValueError(f"max_ngram must be >= min_ngram ({min_ngram}), got {max_ngram!r}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.device = torch.device(device)
+        self.tokens: torch.Tensor | None = None  # [B, capacity] long; row b is valid up to lengths[b]
+        self.host_lengths: list[int] = []
+
+    def start(self, prompts: list[list[int]], max_length: int) -> None:
+        self.host_lengths = [len(p) for p in prompts]
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)  # [B]
+        capacity = max(max_length, max(self.host_lengths))
+        self.tokens = torch.zeros(len(prompts), capacity, dtype=torch.long, device=self.device)  # [B, capacity]
+        flat = torch.tensor(list(itertools.chain.from_iterable(prompts)), dtype=torch.long, device=self.device)
+        rows = torch.repeat_interleave(torch.arange(len(prompts), device=self.device), self.lengths)  # [sum len]
+        columns = torch.arange(flat.numel(), device=self.device) - (self.lengths.cumsum(0) - self.lengths)[rows]
+        self.tokens[rows, columns] = flat
+        self._k, self._proposal = 0, self.tokens.new_zeros(len(prompts), 0)
+
+    def history(self, row: int) -> list[int]:
+        """The committed tokens of one row (prompt + committed), as the drafter sees them."""
+        assert self.tokens is not None, "start() first"
+        return self.tokens[row, : self.host_lengths[row]].tolist()
+
+    @torch.no_grad()
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, None]:
+        """draft_token_ids [B, k] (long) and None: q is one-hot at the proposal."""
+        assert self.tokens is not None, "start() first"
+        self._k = k
+        self._proposal = self.tokens[:, :0] if k == 0 else self._lookup(k)  # [B, k]
+        return self._proposal, None
+
+    def _lookup(self, k: int) -> torch.Tensor:
+        width = max(self.host_lengths)
+        history, lengths = self.tokens[:, :width], self.lengths  # [B, W], [B]
+        follow = lengths - 1  # position whose token comes next; no match: repeat the last token
+        found = torch.zeros_like(lengths, dtype=torch.bool)  # [B]
+        for n in range(min(self.max_ngram, width - 1), self.min_ngram - 1, -1):
+            suffix_at = (lengths[:, None] - n + torch.arange(n, device=self.device)).clamp_min(0)  # [B, n]
+            suffix = history.gather(1, suffix_at)  # [B, n]
+            windows = history.unfold(1, n, 1)  # [B, W-n+1, n]: windows[b, s] = history[b, s:s+n]
+            starts = torch.arange(windows.shape[1], device=self.device)  # [W-n+1]
+            # an EARLIER occurrence ends before the last token: s + n <= length - 1
+            match = (windows == suffix[:, None]).all(-1) & (starts <= (lengths - n - 1)[:, None])  # [B, W-n+1]
+            latest = torch.where(match, starts, -1).amax(dim=1)  # [B], -1: none
+            hit = ~found & (latest >= 0)
+            follow = torch.where(hit, latest + n, follow)
+            found |= hit
+        period = lengths - follow  # >= 1
+        offsets = torch.arange(k, device=self.device)[None] % period[:, None]  # [B, k]
+        return history.gather(1, follow[:, None] + offsets)  # [B, k]
+
+    def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
+        """Append each active row's accepted proposals and next token [B]; inactive rows stay."""
+        assert self.tokens is not None, "start() first"
+        k, batch = self._k, len(active)
+        if not any(active):
+            return
+        needed = max(n + k + 1 for n, live in zip(self.host_lengths, active) if live)
+        if needed > self.tokens.shape[1]:  # grow (rare: the engine sizes max_length for its k)
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(batch, needed - self.tokens.shape[1])], dim=1)
+        live = torch.tensor(active, device=self.device)  # [B]
+        accepted = torch.tensor(num_accepted, dtype=torch.long, device=self.device)  # [B]
+        lengths = torch.where(live, self.lengths, 0)  # inactive rows write their own tokens back at 0..
+        # all k proposals, then the next token over the first rejected one; beyond the new length is stale
+        at = lengths[:, None] + torch.arange(k + 1, device=self.device)  # [B, k+1]
+        written = torch.cat([self._proposal, self._proposal.new_zeros(batch, 1)], dim=1)
+        written = written.scatter(1, accepted[:, None], next_token_ids.to(self.device, torch.long)[:, None])
+        self.tokens.scatter_(1, at, torch.where(live[:, None], written, self.tokens.gather(1, at)))
+        self.lengths = torch.where(live, self.lengths + accepted + 1, self.lengths)
+        self.host_lengths = [n + a + 1 if on else n for n, a, on in zip(self.host_lengths, num_accepted, active)]
