@@ -60,6 +60,12 @@ def test_bad_arguments_give_one_line_and_exit_2(pair, capsys, argv, message):
     assert err.count("\n") == 1 and err.startswith("verispec: error:") and message in err
 
 
+def test_prompt_lookup_drafter_from_the_command_line(pair, capsys):
+    target, _ = pair
+    assert main(["generate", "ab ab ab ab", "--target", str(target), "--draft", "ngram", "--max-new-tokens", "10", "--ignore-eos"]) == 0
+    assert "alpha_hat" in capsys.readouterr().out.splitlines()[-1]
+
+
 def test_k_auto_runs_and_reports(pair, capsys):
     target, draft = pair
     assert main(["generate", "x = 1", "--target", str(target), "--draft", str(draft), "--k", "auto", "--max-new-tokens", "20", "--ignore-eos"]) == 0
