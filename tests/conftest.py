@@ -6,3 +6,16 @@ import sys
 _TESTS_DIR = str(pathlib.Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
+
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: intra-op threads only add contention on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -43,13 +43,7 @@ from verispec.stats import SpecStats
 transformers.logging.set_verbosity_error()  # random configs: token ids outside tiny vocabularies
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
 
 VOCAB = 48
