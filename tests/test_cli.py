@@ -66,6 +66,17 @@ def test_prompt_lookup_drafter_from_the_command_line(pair, capsys):
     assert "alpha_hat" in capsys.readouterr().out.splitlines()[-1]
 
 
+def test_early_exit_drafter_from_the_command_line(pair, capsys):
+    target, _ = pair
+    common = ["generate", "def f(x):", "--target", str(target), "--max-new-tokens", "12", "--ignore-eos"]
+    assert main(common + ["--draft", "early-exit:2"]) == 0
+    spec = capsys.readouterr().out.splitlines()
+    assert main(common) == 0
+    assert capsys.readouterr().out.splitlines()[:-1] == spec[:-1] and "alpha_hat" in spec[-1]
+    assert main(common + ["--draft", "early-exit:x"]) == 2
+    assert "early-exit:L" in capsys.readouterr().err
+
+
 def test_k_auto_runs_and_reports(pair, capsys):
     target, draft = pair
     assert main(["generate", "x = 1", "--target", str(target), "--draft", str(draft), "--k", "auto", "--max-new-tokens", "20", "--ignore-eos"]) == 0

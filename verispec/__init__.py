@@ -6,6 +6,7 @@ The public API, re-exported. See docs/ARCHITECTURE.md for which module owns what
 from .config import SamplingParams, SpecConfig
 from .control import AdaptiveLength, DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
+from .drafters.early_exit import EarlyExitDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import PromptLookupDrafter
 from .engine import generate, generate_all
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveLength", "DraftLengthPolicy", "FixedLength",
-    "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "ModelDrafter", "PromptLookupDrafter", "RequestStats",
+    "CheckpointError", "Drafter", "KVCache", "LlamaConfig", "LlamaForCausalLM", "EarlyExitDrafter", "ModelDrafter", "PromptLookupDrafter", "RequestStats",
     "SamplingParams", "SpecConfig", "SpecStats", "acceptance_probability", "generate", "generate_all",
     "load_pretrained", "process_logits", "sample", "save_pretrained", "verify",
 ]

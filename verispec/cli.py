@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt (or use --prompt)")
     gen.add_argument("--prompt", help="the prompt text")
     gen.add_argument("--target", help="target model directory (Hugging Face format)")
-    gen.add_argument("--draft", help="draft model directory, or 'ngram' for prompt lookup; without it, no speculation")
+    gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); without it, no speculation")
     gen.add_argument("--k", type=_draft_length, default=4, help="draft length: tokens proposed per target pass (default 4), or 'auto'")
     gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
     bench.add_argument("--target", required=True, help="target model directory")
-    bench.add_argument("--draft", required=True, help="draft model directory, or 'ngram' for prompt lookup")
+    bench.add_argument("--draft", required=True, help="draft model directory, 'ngram' or 'early-exit:L'")
     bench.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     bench.add_argument("--k", default="1,2,4", help="comma-separated draft lengths, 'auto' allowed (default 1,2,4)")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default 0)")
@@ -128,12 +128,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _drafter(name: str, dtype):
-    """A draft model directory, or 'ngram' for prompt lookup (no model)."""
+def _drafter(name: str, dtype, target):
+    """A draft model directory, 'ngram' (prompt lookup, no model) or 'early-exit:L' (the
+    target's own first L layers)."""
     if name == "ngram":
         from .drafters.ngram import PromptLookupDrafter
 
         return PromptLookupDrafter()
+    if name.startswith("early-exit:"):
+        from .drafters.early_exit import EarlyExitDrafter
+
+        layers = name.split(":", 1)[1]
+        if not layers.isdigit():
+            raise ValueError(f"--draft early-exit:L needs a layer count L, got {name!r}")
+        return EarlyExitDrafter(target, int(layers))
     return ModelDrafter(load_pretrained(name, dtype))
 
 
@@ -149,8 +157,8 @@ def _generate(args: argparse.Namespace) -> int:
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so text cannot be encoded")
     drafter = None
-    if args.draft == "ngram" and not args.no_speculation:
-        drafter = _drafter(args.draft, dtype)
+    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")) and not args.no_speculation:
+        drafter = _drafter(args.draft, dtype, target)
     elif args.draft is not None and not args.no_speculation:
         draft = load_model(args.draft, dtype)
         check_same_tokenizer(args.target, args.draft, target.vocab_size, draft.vocab_size)
@@ -275,13 +283,13 @@ def _bench(args: argparse.Namespace) -> int:
     temperatures = [float(t) for t in args.temperature.split(",")]
     dtype = parse_dtype(args.dtype)
     target = load_pretrained(args.target, dtype)
-    drafter = _drafter(args.draft, dtype)
+    drafter = _drafter(args.draft, dtype, target)
     draft_model = getattr(drafter, "model", None)
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
-    make = (lambda: ModelDrafter(draft_model)) if draft_model is not None else type(drafter)
+    make = (lambda: ModelDrafter(draft_model)) if draft_model is not None else (lambda: _drafter(args.draft, dtype, target))
     result = run_bench(target, make, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed, draft_model)
     print(f"{'k':>5} {'T':>4} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} {'alpha_hat':>9} {'beta':>5} {'tok/pass':>8} identical")
     for run in result["runs"]:
