@@ -86,3 +86,11 @@ def test_plan_recommends_speculation_for_a_self_draft_and_not_for_a_random_one(p
     assert self_["beta"] == pytest.approx(1.0) and self_["alpha_by_position"] == pytest.approx([1.0] * 4)
     assert self_["predicted_speedup"][0] == 1.0 and len(self_["predicted_speedup"]) == 5
     assert bad["beta"] < 0.3 and bad["recommended_k"] == 0 and bad["advice"] == "do not speculate"
+
+
+def test_profile_command_compares_quantized_copies(pair, capsys):
+    target_dir, _, _, _ = pair
+    assert main(["profile", "--target", str(target_dir), "--compare-quantized", "--k-max", "1", "--repeats", "1"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:4]}
+    assert set(rows) == {"float32", "int8", "int4-g64"} and rows["float32"][3] == "1.00"
+    assert float(rows["int8"][1]) < float(rows["float32"][1]) and float(rows["int4-g64"][1]) < float(rows["int8"][1])

@@ -113,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=int, default=128)
     prof.add_argument("--repeats", type=int, default=15)
     prof.add_argument("--dtype", default="float32")
+    prof.add_argument("--compare-quantized", action="store_true",
+                      help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios")
 
     quant = commands.add_parser("quantize", help="weight-only int8 (per channel) or int4 (group-wise) copy of a model")
     quant.add_argument("--model", required=True, help="float model directory")
@@ -251,12 +253,37 @@ def _profile(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     target = _model(args.target, dtype)
     draft = _model(args.draft, dtype) if args.draft else None
+    if args.compare_quantized:
+        return _compare_quantized(target, args)
     profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
     print(f"target {target.config.num_parameters / 1e6:.1f}M params, {args.dtype}, batch {args.batch_size}, context bucket {profile.context_length}; {kernel_status()}")
     for n, (t, r) in enumerate(zip(profile.target_s, profile.r), 1):
         print(f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}")
     if draft is not None:
         print(f"t_draft = {profile.draft_s * 1e3:.2f} ms per token ({draft.config.num_parameters / 1e6:.1f}M params)   c = {profile.c:.3f}")
+    return 0
+
+
+def _compare_quantized(target, args: argparse.Namespace) -> int:
+    """float32 vs int8 vs int4 copies of one target: rounds of short profiles, interleaved."""
+    import copy
+    import statistics
+
+    from .models.quantize import quantize_model, weight_bytes
+    from .profiler import profile_costs
+
+    variants = {"float32": target, "int8": quantize_model(copy.deepcopy(target), 8), "int4-g64": quantize_model(copy.deepcopy(target), 4, 64)}
+    times: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
+    for _ in range(3):  # rounds: drift lands on every variant alike
+        for name, model in variants.items():
+            times[name].append(profile_costs(model, None, args.k_max, args.batch_size, args.context, args.repeats, use_cache=False).target_s)
+    base = statistics.median(t[0] for t in times["float32"])
+    print(f"{'model':>9} {'weight MB':>9} {'t(1) ms':>8} {'vs float32':>10} {'r(' + str(args.k_max + 1) + ')':>6}")
+    for name, model in variants.items():
+        t1 = statistics.median(t[0] for t in times[name])
+        tk = statistics.median(t[-1] for t in times[name])
+        print(f"{name:>9} {weight_bytes(model) / 1e6:>9.1f} {t1 * 1e3:>8.2f} {t1 / base:>10.2f} {tk / t1:>6.2f}")
+    print("t(1): one decoding step (forward, process_logits, verify, host sync); weight MB: read per pass")
     return 0
 
 
