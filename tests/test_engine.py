@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 
 JOINT_PROMPT = [3, 1, 4]
 JOINT_TOKENS = 3  # 5**3 = 125 cells
-JOINT_N = 150_000  # one batch; ~8 s a case on one CPU thread (200,000 took ~14 s)
+JOINT_N = 100_000  # one batch; ~5 s a case on one CPU thread
 NEGATIVE_N = 20_000  # the negative controls fail by far more than this needs
 
 T1 = dict(temperature=1.0)
@@ -66,15 +66,15 @@ def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int, promp
     return np.bincount(cells, minlength=target.vocab_size**JOINT_TOKENS), stats
 
 
+@pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize(
-    "setting, k, draft",
+    "setting, draft",
     [
-        pytest.param(T1, 1, "close", id="T1-k1"),
-        pytest.param(T1, 2, "random", id="T1-k2-random-draft"),
-        pytest.param(T1, 4, "close", id="T1-k4"),
-        pytest.param(TOPK, 4, "close", id="T0.7-topk3-k4"),
-        pytest.param(TOPP, 4, "close", id="T1.3-topp0.8-k4"),
-        pytest.param(MINP, 4, "close", id="minp0.2-k4"),
+        pytest.param(T1, "close", id="T1"),
+        pytest.param(T1, "random", id="T1-random-draft"),
+        pytest.param(TOPK, "close", id="T0.7-topk3"),
+        pytest.param(TOPP, "close", id="T1.3-topp0.8"),
+        pytest.param(MINP, "close", id="minp0.2"),
     ],
 )
 def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k, draft):
