@@ -94,3 +94,19 @@ def test_profile_command_compares_quantized_copies(pair, capsys):
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:4]}
     assert set(rows) == {"float32", "int8", "int4-g64"} and rows["float32"][3] == "1.00"
     assert float(rows["int8"][1]) < float(rows["float32"][1]) and float(rows["int4-g64"][1]) < float(rows["int8"][1])
+
+
+def test_peer_bench_against_transformers_reports_identical_greedy_tokens(pair, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    target_dir, draft_dir, _, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    assert main(["bench", "--peer", "hf", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts),
+                 "--k", "3", "--max-new-tokens", "6", "--repeats", "1", "--json", str(tmp_path / "peer.json")]) == 0
+    runs = {r["system"]: r for r in json.loads((tmp_path / "peer.json").read_text())["runs"]}
+    assert set(runs) == {"verispec plain", "transformers plain", "verispec k=3", "transformers assisted k=3"}
+    assert all(r["identical_to_transformers_plain"] for r in runs.values())
+    assert runs["transformers assisted k=3"]["vs_transformers_assisted"] == 1.0
+    assert main(["bench", "--peer", "hf", "--target", str(target_dir), "--draft", "ngram", "--prompts", str(prompts),
+                 "--k", "2", "--max-new-tokens", "6", "--repeats", "1"]) == 0
+    assert "transformers prompt lookup k=2" in capsys.readouterr().out

@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--csv", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
+    bench.add_argument("--peer", choices=["hf"], help="instead: verispec vs transformers' generate (plain, assisted at the first k; prompt lookup with --draft ngram), greedy")
 
     adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use")
     adv.add_argument("--target", required=True, help="target model directory")
@@ -127,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--sizes", default="tiny", choices=["tiny", "presets"], help="presets: the built-in pair's architectures (random weights)")
     return parser
 
 
@@ -303,9 +305,34 @@ def _read_prompts(path: str, limit: int | None) -> list[str]:
     return prompts[:limit]
 
 
+def _peer(args: argparse.Namespace) -> int:
+    import json
+
+    from .peer import run_peer_bench
+
+    k = next((int(k) for k in args.k.split(",") if k.isdigit()), 4)
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
+    prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
+    lookup = args.draft == "ngram"
+    result = run_peer_bench(args.target, None if lookup else args.draft, prompts, k, args.max_new_tokens, args.repeats, prompt_lookup=lookup)
+    print(f"{'system':>32} {'tok/s':>8} {'vs hf plain':>11} {'vs hf assisted':>14}  identical")
+    for row in result["runs"]:
+        assisted = "-" if row["vs_transformers_assisted"] is None else f"{row['vs_transformers_assisted']:.2f}"
+        print(f"{row['system']:>32} {row['tokens_per_s']:>8.1f} {row['vs_transformers_plain']:>11.2f} {assisted:>14}  {row['identical_to_transformers_plain']}")
+    print(f"greedy, batch 1, {args.max_new_tokens} new tokens per prompt, median of {args.repeats} rounds")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench, write_reports
 
+    if args.peer:
+        return _peer(args)
     ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
     temperatures = [float(t) for t in args.temperature.split(",")]
     dtype = parse_dtype(args.dtype)
@@ -370,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "toy":
             from .models.toy import make_toy_pair
 
-            target, draft = make_toy_pair(args.out, seed=args.seed)
+            target, draft = make_toy_pair(args.out, seed=args.seed, sizes=args.sizes)
             print(f"wrote {target} and {draft} (random weights)")
             return 0
     except (CheckpointError, ValueError, OSError) as error:
