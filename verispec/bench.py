@@ -36,6 +36,7 @@ RUN_FIELDS = (
 
 
 def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float, SpecStats]:
+    """Run the prompts one by one; return outputs, tokens/s (prefill included) and the stats."""
     stats = SpecStats()
     outputs, started = [], time.perf_counter()
     for prompt in prompts:
@@ -51,6 +52,12 @@ def _alphas(stats: SpecStats, k: int) -> list[float]:
         value = stats.beta_by_position[i] if i < len(stats.beta_by_position) else float("nan")
         out.append(value if not math.isnan(value) else (out[-1] if out else 0.0))
     return out
+
+
+def _predicted_with_prefill(decode_speedup: float, plain_decode_s: float, prefill_plain_s: float, prefill_spec_s: float) -> float:
+    """The refined model predicts decoding; prompts are prefilled all the same (the draft's
+    too), measured. Whole-run speed-up = (prefill + decode) plain / (prefill + decode) spec."""
+    return (prefill_plain_s + plain_decode_s) / (prefill_spec_s + plain_decode_s / decode_speedup)
 
 
 def run_bench(
@@ -84,14 +91,17 @@ def run_bench(
         params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
         for k in ks:
             base_tps, spec_tps, ratios, identical, stats_all = [], [], [], True, SpecStats()
+            prefill_plain, prefill_spec = [], []
             for _ in range(repeats):
-                plain, tps_a, _ = _timed(target, prompts, params, None, 0)
+                plain, tps_a, plain_stats = _timed(target, prompts, params, None, 0)
                 policy = AdaptiveLength(k_max=k_max) if k == "auto" else k
                 spec, tps_b, stats = _timed(target, prompts, params, make_drafter(), policy)
                 base_tps.append(tps_a)
                 spec_tps.append(tps_b)
                 ratios.append(tps_b / tps_a)
                 identical = identical and spec == plain
+                prefill_plain.append(plain_stats.prefill_time_s)
+                prefill_spec.append(stats.prefill_time_s)
                 for request in stats.requests:
                     stats_all.add(request)
                 bar.update(1)
@@ -104,7 +114,11 @@ def run_bench(
                 "predicted_speedup": None, "greedy_identical": identical if temperature == 0 else None,
             }
             if k != "auto":
-                run["predicted_speedup"] = refined_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r)
+                tokens = stats_all.generated_tokens / repeats
+                run["predicted_speedup"] = _predicted_with_prefill(
+                    refined_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r), tokens * profile.target_s[0],
+                    statistics.median(prefill_plain), statistics.median(prefill_spec),
+                )
             runs.append(run)
     bar.close()
     return {

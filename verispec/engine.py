@@ -86,6 +86,8 @@ def generate(
     target.prefill([p[:-1] for p in prompts], cache)
     if drafter is not None:
         drafter.start(prompts, max_length)
+    _sync(device)
+    stats.prefill_time_s += time.perf_counter() - started
     pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)  # [B]
     active = [True] * batch
     try:

@@ -71,9 +71,10 @@ class SpecStats(RequestStats):
     """The aggregate over a batch of requests, plus wall-clock timings."""
 
     requests: list[RequestStats] = field(default_factory=list)
+    prefill_time_s: float = 0.0  # prompts into the target's cache and the drafter's
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
-    total_time_s: float = 0.0
+    total_time_s: float = 0.0  # prefill included
 
     def add(self, request: RequestStats) -> None:
         """Fold a finished request's counts into the aggregate."""
@@ -111,7 +112,7 @@ class SpecStats(RequestStats):
             )
         else:
             line += f" | no speculation, {self.target_passes} target passes"
-        return line + f" | draft {self.draft_time_s:.2f} s, target {self.target_time_s:.2f} s"
+        return line + f" | prefill {self.prefill_time_s:.2f} s, draft {self.draft_time_s:.2f} s, target {self.target_time_s:.2f} s"
 
     def to_dict(self) -> dict:
         return {
@@ -124,6 +125,7 @@ class SpecStats(RequestStats):
             "acceptance_by_position": self.acceptance_by_position,
             "beta_by_position": self.beta_by_position,
             "mean_tokens_per_pass": self.mean_tokens_per_pass,
+            "prefill_time_s": self.prefill_time_s,
             "draft_time_s": self.draft_time_s,
             "target_time_s": self.target_time_s,
             "total_time_s": self.total_time_s,
