@@ -153,7 +153,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    dtype: str = "float32"  # autocast dtype: bfloat16 where the CPU has fast bf16 (AMX), else float32
+    dtype: str = "float32"  # autocast dtype: bfloat16 on CUDA or a CPU with fast bf16 (AMX); float32 on AVX2-only CPUs
     checkpoint_every: int = 100
     teacher: str | None = None  # a target directory: distil the draft from it (KL), else plain next-token CE
     distill_temperature: float = 1.0
@@ -199,8 +199,9 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     out.mkdir(parents=True, exist_ok=True)
     model_config = model_config.replace(vocab_size=tokenizer_vocab_size(cfg.data))
     torch.manual_seed(cfg.seed)
-    model = init_weights(LlamaForCausalLM(model_config), seed=cfg.seed)
-    teacher = load_pretrained(cfg.teacher).eval() if cfg.teacher else None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = init_weights(LlamaForCausalLM(model_config), seed=cfg.seed).to(device)
+    teacher = load_pretrained(cfg.teacher, device=device).eval() if cfg.teacher else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -209,12 +210,12 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     step, log = 0, []
     checkpoint = out / "checkpoint.pt"
     if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, log = state["step"], state["log"]
     tokens = load_tokens(cfg.data, "train")
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, dynamic_ncols=True)
     model.train()
     tokens_per_step = cfg.batch_size * cfg.seq_len
@@ -223,7 +224,7 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         with autocast:
-            loss = loss_on(model, batch_at(tokens, step, cfg), teacher, cfg.distill_temperature)
+            loss = loss_on(model, batch_at(tokens, step, cfg).to(device), teacher, cfg.distill_temperature)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -238,7 +239,7 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "train_config": asdict(cfg)}, tmp)
             tmp.replace(checkpoint)  # atomic: a kill mid-save loses no work
     bar.close()
-    model.eval()
+    model.eval().cpu()
     save_pretrained(model, out / "model", max_shard_bytes=50_000_000, tokenizer_from=cfg.data)
     (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "log": log}) + "\n")
     return out
@@ -253,6 +254,7 @@ def held_out_loss(model: LlamaForCausalLM, data: str | Path, seq_len: int = 256,
     for start in range(0, windows, 16):
         rows = range(start, min(start + 16, windows))
         batch = torch.stack([tokens[r * seq_len : r * seq_len + seq_len + 1] for r in rows])
+        batch = batch.to(model.device)
         logits = model(batch[:, :-1])
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
     return total / (windows * seq_len)
