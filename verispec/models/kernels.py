@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 MAX_ROWS = 8
+_NAME = "verispec_skinny_linear"
 _kernel = None
 _status = "not loaded"
 
@@ -32,11 +33,15 @@ def _load():
         _status = f"CPU capability {torch.backends.cpu.get_cpu_capability()} lacks AVX2"
     else:
         try:
-            from torch.utils.cpp_extension import load
+            import sys
+
+            from torch.utils.cpp_extension import _get_build_directory, load
 
             source = Path(__file__).resolve().parent.parent / "csrc" / "skinny_linear.cpp"
+            if not list(Path(_get_build_directory(_NAME, verbose=False)).glob("*.so")):
+                print("verispec: compiling the CPU kernel (once; about a minute)", file=sys.stderr, flush=True)
             _kernel = load(
-                "verispec_skinny_linear", [str(source)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                _NAME, [str(source)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], verbose=False,
             )
             _status = "skinny kernel loaded"
