@@ -19,3 +19,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_built_once():
+    """Build (or load) the CPU kernel before any test, so that its one-time notice on stderr
+    and its compile time never land inside a test that reads stderr or a timing."""
+    from verispec.models.kernels import kernel_status
+
+    kernel_status()

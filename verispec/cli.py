@@ -14,7 +14,7 @@ import torch
 
 
 from .config import SamplingParams
-from .control import AdaptiveLength
+from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
 from .engine import generate
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
@@ -176,6 +176,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt_ids = tokenizer.encode(prompt).ids
     if not prompt_ids:
         return _fail("the prompt encodes to no tokens")
+    k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)  # validated before any work
     from .models.kernels import kernel_status
 
     kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
@@ -183,7 +184,6 @@ def _generate(args: argparse.Namespace) -> int:
     generated: list[int] = []
     shown = ""
     sys.stdout.write(prompt)
-    k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else args.k
     for chunk in generate(target, [prompt_ids], params, drafter, k=k, stats=stats):
         generated.extend(chunk[0])
         text = tokenizer.decode(generated, skip_special_tokens=True)
