@@ -28,3 +28,16 @@ def _kernel_built_once():
     from verispec.models.kernels import kernel_status
 
     kernel_status()
+
+
+@pytest.fixture(scope="module")
+def markov():
+    """The Markov toy target and two drafts (tests/toy_models.py), shared by the exactness tests."""
+    from toy_models import MarkovLM
+
+    target = MarkovLM(seed=1)
+    drafts = {
+        "random": MarkovLM(seed=2),  # an independent table: low acceptance, many residual draws
+        "close": MarkovLM.perturbed(target, noise=1.0, seed=3),  # acceptance ~0.5: accepted blocks, bonus tokens, cuts
+    }
+    return target, drafts

@@ -10,10 +10,9 @@ acceptance is low, the draft is expensive, or verification is compute-bound.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from stats_helpers import assert_distributed_as
-from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts, markov  # noqa: F401 (fixture)
+from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
 from verispec.config import SamplingParams
 from verispec.control import AdaptiveLength, FixedLength
 from verispec.drafters.model import ModelDrafter

@@ -20,7 +20,6 @@ import verispec.drafters.model as model_drafter_module
 import verispec.engine as engine_module
 import verispec.rejection as rejection_module
 from stats_helpers import assert_distributed_as, chi_square, is_distributed_as, threshold
-from toy_models import MarkovLM
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate, generate_all
@@ -45,16 +44,6 @@ T1 = dict(temperature=1.0)
 TOPK = dict(temperature=0.7, top_k=3)
 TOPP = dict(temperature=1.3, top_p=0.8)
 MINP = dict(min_p=0.2)
-
-
-@pytest.fixture(scope="module")
-def markov():
-    target = MarkovLM(seed=1)
-    drafts = {
-        "random": MarkovLM(seed=2),  # an independent table: low acceptance, many residual draws
-        "close": MarkovLM.perturbed(target, noise=1.0, seed=3),  # acceptance ~0.5: accepted blocks, bonus tokens, cuts
-    }
-    return target, drafts
 
 
 def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int, prompt: list[int] = JOINT_PROMPT):
