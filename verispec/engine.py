@@ -84,7 +84,9 @@ def generate(
     generator = make_generator(params.seed, device)
     cache = target.new_cache(batch, max_length)
     target.prefill([p[:-1] for p in prompts], cache)
-    if drafter is not None:
+    if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
+        drafter.start(prompts, max_length, target_cache=cache)
+    elif drafter is not None:
         drafter.start(prompts, max_length)
     _sync(device)
     stats.prefill_time_s += time.perf_counter() - started

@@ -5,6 +5,10 @@ declaring the exact distributions it drew them from (or None when its proposals 
 deterministic, so q is one-hot). After verification the engine tells it how many of the
 proposals were accepted and which token followed; the drafter rolls any per-token state
 back to the committed sequence in that one call.
+
+A drafter that sets `shares_target_cache = True` is started with the target's cache as well,
+`start(prompts, max_length, target_cache=cache)`, after the prompts were prefilled into it;
+it may read that cache but must never write a committed position (early_exit.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""One exactness suite, run over every drafter verispec has.
+
+The target is a small random verispec Llama (V = 5, peaked logits). Each drafter must
+- make the joint distribution of a 3-token continuation (125 cells, enumerated exactly under
+  the processed target) match a batch of N speculative samples: Pearson chi-square at a
+  false-failure rate of 1e-9 (stats_helpers.py), with both acceptances and rejections seen;
+- give greedy output equal, token for token, to plain greedy decoding (float32), on a ragged
+  batch, at k = 1 and k = 4.
+Negative controls: a drafter that declares a q other than the one it drew from, and a target
+sampled at the wrong temperature, both fail the same chi-square test.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from stats_helpers import assert_distributed_as, is_distributed_as
+from verispec.config import SamplingParams
+from verispec.drafters.early_exit import EarlyExitDrafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import PromptLookupDrafter
+from verispec.engine import generate_all
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
+from verispec.models.quantize import quantize_model
+from verispec.sampling import process_logits
+from verispec.stats import SpecStats
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
+
+VOCAB = 5
+PROMPT = [2, 4, 1, 2, 4]  # "2 4" recurs, so prompt lookup proposes from the first step
+TOKENS = 3
+N = 30_000
+SETTING = dict(temperature=0.8, top_k=4)  # a processed target: temperature and truncation
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+GREEDY_PROMPTS = [[1, 2, 3], [4], [0, 4, 4, 2, 1, 3]]
+
+
+def llama(layers: int, seed: int) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    return init_weights(LlamaForCausalLM(config), std=0.5, seed=seed).eval()
+
+
+def _gpt2_draft():
+    transformers = pytest.importorskip("transformers")
+    from verispec.models.hf import HFCausalLM
+
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64, initializer_range=0.5,
+                                     bos_token_id=None, eos_token_id=None, activation_function="gelu")
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        return HFCausalLM(transformers.AutoModelForCausalLM.from_config(config).eval())
+
+
+# name -> factory(target) -> a fresh drafter. Every drafter family, and the quantized formats.
+DRAFTERS = {
+    "model": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12))),
+    "int8-target": lambda target, cache: ModelDrafter(cache.setdefault("int8", quantize_model(copy.deepcopy(target), 8))),
+    "int4-target": lambda target, cache: ModelDrafter(cache.setdefault("int4", quantize_model(copy.deepcopy(target), 4, 32))),
+    "early-exit": lambda target, cache: EarlyExitDrafter(target, 1),
+    "ngram": lambda target, cache: PromptLookupDrafter(),
+    "hf-gpt2": lambda target, cache: ModelDrafter(cache.setdefault("gpt2", _gpt2_draft())),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama(2, 11)
+
+
+@pytest.fixture(scope="module")
+def made():
+    return {}  # draft models built once per module
+
+
+@pytest.fixture(scope="module")
+def exact(target):
+    """Exact joint probabilities [V**3] of the next 3 tokens after PROMPT, by enumeration."""
+    params = SamplingParams(**SETTING)
+    probs = np.zeros((VOCAB,) * TOKENS)
+    with torch.no_grad():
+        for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
+            p = process_logits(target(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
+            probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
+    return probs.ravel()
+
+
+def joint_counts(target, drafter, params: SamplingParams, n: int = N, k: int = 3):
+    stats = SpecStats()
+    tokens = np.asarray(generate_all(target, [PROMPT] * n, params, drafter, k=k, stats=stats))
+    assert tokens.shape == (n, TOKENS)
+    return np.bincount(np.ravel_multi_index(tokens.T, (VOCAB,) * TOKENS), minlength=VOCAB**TOKENS), stats
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
+def test_joint_distribution_of_three_tokens_is_exact(target, made, exact, name):
+    params = SamplingParams(**SETTING, seed=300 + sorted(DRAFTERS).index(name), max_new_tokens=TOKENS)
+    counts, stats = joint_counts(target, DRAFTERS[name](target, made), params)
+    assert_distributed_as(counts, exact, are_counts=True, label=f"{name} {SETTING} k=3")
+    assert 0 < stats.accepted < stats.proposed, stats.summary()  # both branches of the rule ran
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(target):
+    return generate_all(target, GREEDY_PROMPTS, GREEDY)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
+def test_greedy_output_equals_plain_greedy(target, made, plain_greedy, name, k):
+    stats = SpecStats()
+    assert generate_all(target, GREEDY_PROMPTS, GREEDY, DRAFTERS[name](target, made), k=k, stats=stats) == plain_greedy
+    assert stats.proposed > 0
+
+
+class DeclaresFlatQ(ModelDrafter):
+    """Wrong: draws from the draft model's peaked q but declares a flat one."""
+
+    def propose(self, k, params, generator):
+        token_ids, _ = super().propose(k, params, generator)
+        return token_ids, torch.full((*token_ids.shape, VOCAB), 1.0 / VOCAB)
+
+
+def test_negative_control_drafter_declares_the_wrong_q(target, made, exact):
+    params = SamplingParams(**SETTING, seed=7, max_new_tokens=TOKENS)
+    counts, _ = joint_counts(target, DeclaresFlatQ(made.setdefault("model", llama(1, 12))), params, n=10_000)
+    assert not is_distributed_as(counts, exact, are_counts=True)
+
+
+def test_negative_control_target_sampled_at_the_wrong_temperature(target, made, exact):
+    params = SamplingParams(temperature=1.0, top_k=4, seed=8, max_new_tokens=TOKENS)  # exact is for 0.8
+    counts, _ = joint_counts(target, EarlyExitDrafter(target, 1), params, n=10_000)
+    assert not is_distributed_as(counts, exact, are_counts=True)
