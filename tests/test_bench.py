@@ -110,3 +110,29 @@ def test_peer_bench_against_transformers_reports_identical_greedy_tokens(pair, t
     assert main(["bench", "--peer", "hf", "--target", str(target_dir), "--draft", "ngram", "--prompts", str(prompts),
                  "--k", "2", "--max-new-tokens", "6", "--repeats", "1"]) == 0
     assert "transformers prompt lookup k=2" in capsys.readouterr().out
+
+
+def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
+    import torch
+
+    from verispec.drafters.ngram import PromptLookupDrafter
+    from verispec.planner import _lookup_probs
+
+    q = _lookup_probs(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4, 9, "cpu")  # prefixes ..5 / ..5 6 / ..5 6 7
+    assert torch.equal(q.argmax(-1), torch.tensor([6, 7, 5])) and torch.equal(q.sum(-1), torch.ones(3))
+
+
+def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys):
+    target_dir, draft_dir, _, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x): return f(x)"}\n')
+    common = ["--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "6"]
+    assert main(["plan", *common, "--k-max", "2", "--draft", str(draft_dir), "--draft", "ngram", "--draft", "early-exit:1"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("draft ")] == [f"draft {draft_dir}", "draft ngram", "draft early-exit"]
+    assert main(["bench", *common, "--draft", "early-exit:1", "--k", "2", "--repeats", "1", "--json", str(tmp_path / "e.json")]) == 0
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert 0 < result["draft_bytes_per_token"] < result["target_bytes_per_pass"] and result["best_k"]["0.0"]["k"] == 2
+    assert result["runs"][0]["greedy_identical"] is True
+    assert main(["bench", *common, "--draft", "early-exit:x"]) == 2
+    assert "early-exit:L needs a layer count" in capsys.readouterr().err

@@ -110,6 +110,19 @@ def test_adaptive_backs_off_and_only_probes(alpha, t_draft, t_target, why):
     assert set(tail) <= {0, 1}, (why, chosen)
 
 
+@pytest.mark.parametrize("prior_c, expect_draft", [(0.05, True), (2.0, False)])
+def test_a_cost_profile_lets_the_first_choice_be_right(prior_c, expect_draft):
+    """Seeded with c and r(n) from the profiler, the first iteration already speculates when
+    drafting is cheap and does not when it is dear (unseeded, it always starts with k = 0)."""
+    policy = AdaptiveLength(k_max=8, prior_c=prior_c, prior_r=[1.0] * 9)
+    first = policy.choose()
+    assert (first > 0) == expect_draft
+    assert AdaptiveLength(k_max=8).choose() == 0
+    if expect_draft:  # and its choice follows the measurements once they come
+        chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0)
+        assert chosen[-1] == optimal_k(0.8, 0.05, 8)
+
+
 def test_policies_validate_their_arguments():
     with pytest.raises(ValueError, match="k must be"):
         FixedLength(-1)
@@ -119,3 +132,7 @@ def test_policies_validate_their_arguments():
         AdaptiveLength(decay=0)
     with pytest.raises(ValueError, match="probe_every"):
         AdaptiveLength(probe_every=0)
+    with pytest.raises(ValueError, match="prior_c"):
+        AdaptiveLength(prior_c=-0.1)
+    with pytest.raises(ValueError, match="prior_r"):
+        AdaptiveLength(prior_r=[1.0, 0.0])

@@ -25,6 +25,7 @@ from .config import SamplingParams
 from .control import AdaptiveLength
 from .drafters.base import Drafter
 from .engine import generate_all
+from .models.quantize import weight_bytes
 from .profiler import profile_costs
 from .stats import SpecStats
 from .theory import refined_speedup
@@ -94,7 +95,7 @@ def run_bench(
             prefill_plain, prefill_spec = [], []
             for _ in range(repeats):
                 plain, tps_a, plain_stats = _timed(target, prompts, params, None, 0)
-                policy = AdaptiveLength(k_max=k_max) if k == "auto" else k
+                policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
                 spec, tps_b, stats = _timed(target, prompts, params, make_drafter(), policy)
                 base_tps.append(tps_a)
                 spec_tps.append(tps_b)
@@ -121,8 +122,16 @@ def run_bench(
                 )
             runs.append(run)
     bar.close()
+    best = {}
+    for temperature in temperatures:
+        fixed = [r for r in runs if r["temperature"] == temperature and r["k"] != "auto"]
+        if fixed:
+            top = max(fixed, key=lambda r: r["speedup"])
+            best[str(temperature)] = {"k": top["k"], "speedup": top["speedup"]}
     return {
-        "runs": runs, "profile": profile.to_dict(), "prompts": len(prompts),
+        "runs": runs, "profile": profile.to_dict(), "prompts": len(prompts), "best_k": best,
+        "draft_bytes_per_token": weight_bytes(draft_model) if draft_model is not None else 0,
+        "target_bytes_per_pass": weight_bytes(target),
         "max_new_tokens": max_new_tokens, "repeats": repeats,
         "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair ratios",
     }

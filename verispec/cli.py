@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
     adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use")
     adv.add_argument("--target", required=True, help="target model directory")
-    adv.add_argument("--draft", required=True, action="append", help="a candidate draft directory (repeatable)")
+    adv.add_argument("--draft", required=True, action="append", help="a candidate: draft directory, 'ngram' or 'early-exit:L' (repeatable)")
     adv.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     adv.add_argument("--k-max", type=int, default=8)
     adv.add_argument("--temperature", type=float, default=0.0)
@@ -132,21 +132,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _drafter(name: str, dtype, target):
-    """A draft model directory, 'ngram' (prompt lookup, no model) or 'early-exit:L' (the
-    target's own first L layers)."""
-    if name == "ngram":
+def _drafter(spec: str, dtype, target, target_dir: str):
+    """A drafter from --draft: 'ngram' (prompt lookup, no model), 'early-exit:L' (the target's
+    own first L layers) or a model directory (any causal LM; its tokenizer must be the target's)."""
+    if spec == "ngram":
         from .drafters.ngram import PromptLookupDrafter
 
-        return PromptLookupDrafter()
-    if name.startswith("early-exit:"):
+        return PromptLookupDrafter(device=target.device)
+    if spec.startswith("early-exit:"):
         from .drafters.early_exit import EarlyExitDrafter
+        from .models.llama import LlamaForCausalLM
 
-        layers = name.split(":", 1)[1]
+        layers = spec.split(":", 1)[1]
         if not layers.isdigit():
-            raise ValueError(f"--draft early-exit:L needs a layer count L, got {name!r}")
+            raise ValueError(f"--draft early-exit:L needs a layer count L, got {spec!r}")
+        if not isinstance(target, LlamaForCausalLM):
+            raise ValueError(f"--draft {spec}: early exit needs a Llama-family target, {target_dir} is not one")
         return EarlyExitDrafter(target, int(layers))
-    return ModelDrafter(load_pretrained(name, dtype))
+    draft = load_model(spec, dtype)
+    check_same_tokenizer(target_dir, spec, target.vocab_size, draft.vocab_size)
+    return ModelDrafter(match_vocab_size(draft, target.vocab_size))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -160,13 +165,7 @@ def _generate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so text cannot be encoded")
-    drafter = None
-    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")) and not args.no_speculation:
-        drafter = _drafter(args.draft, dtype, target)
-    elif args.draft is not None and not args.no_speculation:
-        draft = load_model(args.draft, dtype)
-        check_same_tokenizer(args.target, args.draft, target.vocab_size, draft.vocab_size)
-        drafter = ModelDrafter(match_vocab_size(draft, target.vocab_size))
+    drafter = None if args.draft is None or args.no_speculation else _drafter(args.draft, dtype, target, args.target)
     eos = target.config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
@@ -180,6 +179,11 @@ def _generate(args: argparse.Namespace) -> int:
     from .models.kernels import kernel_status
 
     kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
+    if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
+        from .profiler import profile_costs
+
+        profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, context_length=len(prompt_ids) + args.max_new_tokens // 2, repeats=3)
+        k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r)
     stats = SpecStats()
     generated: list[int] = []
     shown = ""
@@ -203,7 +207,7 @@ def _model(name: str, dtype):
 
     if not Path(name).exists() and name in train.PRESETS:
         return init_weights(LlamaForCausalLM(train.PRESETS[name])).to(dtype).eval()
-    return load_pretrained(name, dtype)
+    return load_model(name, dtype)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -214,11 +218,11 @@ def _plan(args: argparse.Namespace) -> int:
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
     dtype = parse_dtype(args.dtype)
-    target = load_pretrained(args.target, dtype)
+    target = load_model(args.target, dtype)
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
-    drafts = {name: load_pretrained(name, dtype) for name in args.draft}
+    drafts = {name: _drafter(name, dtype, target, args.target) for name in args.draft}
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
     report = plan(target, drafts, prompts, params, args.k_max)
@@ -339,15 +343,15 @@ def _bench(args: argparse.Namespace) -> int:
     ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
     temperatures = [float(t) for t in args.temperature.split(",")]
     dtype = parse_dtype(args.dtype)
-    target = load_pretrained(args.target, dtype)
-    drafter = _drafter(args.draft, dtype, target)
-    draft_model = getattr(drafter, "model", None)
+    target = load_model(args.target, dtype)
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
-    make = (lambda: ModelDrafter(draft_model)) if draft_model is not None else (lambda: _drafter(args.draft, dtype, target))
-    result = run_bench(target, make, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed, draft_model)
+    drafter = _drafter(args.draft, dtype, target, args.target)
+    # start() resets a drafter completely, so one object serves every run
+    result = run_bench(target, lambda: drafter, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed,
+                       getattr(drafter, "model", None))
     print(f"{'k':>5} {'T':>4} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} {'alpha_hat':>9} {'beta':>5} {'tok/pass':>8} identical")
     for run in result["runs"]:
         predicted = "-" if run["predicted_speedup"] is None else f"{run['predicted_speedup']:.2f}"
@@ -355,6 +359,9 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{run['k']!s:>5} {run['temperature']:>4} {run['tokens_per_s_baseline']:>10.1f} {run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5}"
               f" {run['alpha_hat']:>9.3f} {run['beta']:>5.3f} {run['mean_tokens_per_pass']:>8.2f} {run['greedy_identical']}")
     print("tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]")
+    c = result["profile"]["c"]
+    print(f"draft reads {result['draft_bytes_per_token'] / 1e6:.1f} MB of weights per token (target {result['target_bytes_per_pass'] / 1e6:.1f} MB per pass), "
+          f"c = {0.0 if c is None else c:.3f}; best k: " + ", ".join(f"T={t}: k={b['k']} ({b['speedup']:.2f}x)" for t, b in result["best_k"].items()))
     for path in write_reports(result, args.json, args.csv, args.plot_dir):
         print(f"wrote {path}")
     return 0

@@ -9,6 +9,8 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
 - c = t_draft per token / t_target(1) and r(n) = t_target(n) / t_target(1), from the
   iteration times, where "target" time is everything in an iteration but the draft passes
   (verification, sampling and bookkeeping included: that is what a pass really costs).
+A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
+iteration; without one it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1; the policy then probes k = 1 every
 `probe_every` iterations so that it notices when drafting pays again. A policy only changes
 how many tokens are proposed, never which are committed, so exactness is untouched.
@@ -74,6 +76,8 @@ class AdaptiveLength:
     decay: float = 0.95  # per observation; about the last 20 iterations count
     probe_every: int = 16
     prior_alpha: float = 0.7  # for positions not verified yet
+    prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
+    prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     _alpha: list[_Mean] = field(init=False, repr=False)
     _target: dict[int, _Mean] = field(init=False, repr=False)
     _draft: _Mean = field(init=False, repr=False)
@@ -86,6 +90,12 @@ class AdaptiveLength:
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
         if not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
+        if self.prior_c is not None and not (isinstance(self.prior_c, (int, float)) and self.prior_c >= 0):
+            raise ValueError(f"prior_c must be a number >= 0, got {self.prior_c!r}")
+        if self.prior_r is not None:
+            self.prior_r = tuple(float(x) for x in self.prior_r)
+            if not self.prior_r or any(x <= 0 for x in self.prior_r):
+                raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
         self._alpha = [_Mean(self.decay) for _ in range(self.k_max)]
         self._target = {}
         self._draft = _Mean(self.decay)
@@ -108,7 +118,7 @@ class AdaptiveLength:
             return None
         if len(known) == 1:
             (m, t), = known
-            return t * (1 + 0.05 * (n - m))  # a mild prior slope until a second point is seen
+            return t * self._prior_ratio(n) / self._prior_ratio(m)  # the profile's shape (or a mild slope)
         below = [point for point in known if point[0] < n]
         above = [point for point in known if point[0] > n]
         if below and above:
@@ -118,12 +128,25 @@ class AdaptiveLength:
         slope = max((t1 - t0) / (m1 - m0), 0.0)
         return max(t0 + slope * (n - m0), 1e-9)
 
+    def _prior_ratio(self, n: int) -> float:
+        """r(n) from the profile (extended linearly past its end), else 1 + 5% per position."""
+        r = self.prior_r
+        if not r:
+            return 1 + 0.05 * (n - 1)
+        if n <= len(r):
+            return r[n - 1]
+        slope = (r[-1] - r[0]) / max(len(r) - 1, 1)
+        return r[-1] + slope * (n - len(r))
+
     def predicted_speedups(self) -> list[float]:
         """S(k) for k = 0..k_max from the current estimates (S(0) = 1)."""
         t1 = self.target_seconds(1)
-        if t1 is None or self._draft.weight == 0:
+        if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
+            r = [self._prior_ratio(n) / self._prior_ratio(1) for n in range(1, self.k_max + 2)]
+            return [refined_speedup(self.alphas()[:k], self.prior_c, r) for k in range(self.k_max + 1)]
+        if t1 is None or (self._draft.weight == 0 and self.prior_c is None):
             return []
-        c = self._draft.get(0.0) / t1
+        c = self._draft.get(0.0) / t1 if self._draft.weight > 0 else self.prior_c
         r = [self.target_seconds(n) / t1 for n in range(1, self.k_max + 2)]
         r[0] = 1.0
         alphas = self.alphas()

@@ -8,6 +8,10 @@ with probability prod_{j<i} beta_{t+j} (drafts of accepted tokens follow the com
 so the mean of that product over t estimates alpha_1 * ... * alpha_i, and the ratios of
 successive products the per-position alpha_i of the refined model. With the profiler's c
 and r(n) it predicts S(k) for every k and recommends the best, or k = 0: do not speculate.
+
+A candidate is a draft model or a drafter: a ModelDrafter (early exit included) is scored
+through its model; prompt lookup through its first proposal after every true prefix (q
+one-hot), whose cost is counted as zero (c = 0: a lookup runs no model).
 """
 
 from __future__ import annotations
@@ -18,22 +22,45 @@ from collections.abc import Sequence
 import torch
 
 from .config import SamplingParams
+from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
 from .profiler import profile_costs
 from .sampling import process_logits
 from .theory import refined_speedup
 
 
+def draft_model_of(candidate) -> torch.nn.Module | None:
+    """The network a candidate runs (None for a model-free drafter such as prompt lookup)."""
+    if isinstance(candidate, torch.nn.Module):
+        return candidate
+    return getattr(candidate, "model", None)
+
+
+def _lookup_probs(drafter: PromptLookupDrafter, sequence: list[int], start: int, vocab_size: int, device) -> torch.Tensor:
+    """One-hot q [T, V] at prompt lookup's first proposal after each prefix sequence[:t], t = start..end-1."""
+    prefixes = [sequence[:t] for t in range(start, len(sequence))]
+    drafter.start(prefixes, len(sequence))
+    proposals, _ = drafter.propose(1, SamplingParams(), None)  # [T, 1]
+    return torch.nn.functional.one_hot(proposals[:, 0].to(device), vocab_size).float()
+
+
 @torch.no_grad()
 def teacher_forced_beta(
-    target: torch.nn.Module, draft: torch.nn.Module, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams
+    target: torch.nn.Module, draft, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams
 ) -> list[torch.Tensor]:
-    """beta_t for the positions that predict sequence[starts[b]:], one [T_b] tensor per sequence."""
+    """beta_t for the positions that predict sequence[starts[b]:], one [T_b] tensor per sequence.
+    `draft` is a causal LM, a ModelDrafter or a PromptLookupDrafter."""
+    model = draft_model_of(draft)
+    if model is None and not isinstance(draft, PromptLookupDrafter):
+        raise ValueError(f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter or a PromptLookupDrafter")
     betas = []
     for sequence, start in zip(sequences, starts):
         ids = torch.tensor([list(sequence)], device=target.device)
         p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
-        q = process_logits(draft(ids)[0, start - 1 : -1], params)
+        if model is not None:
+            q = process_logits(model(ids)[0, start - 1 : -1], params)
+        else:
+            q = _lookup_probs(draft, list(sequence), start, p.shape[-1], p.device)
         betas.append(torch.minimum(p, q).sum(dim=-1).double().cpu())
     return betas
 
@@ -57,12 +84,13 @@ def position_alphas(betas: Sequence[torch.Tensor], k_max: int) -> list[float]:
 
 def plan(
     target: torch.nn.Module,
-    drafts: dict[str, torch.nn.Module],
+    drafts: dict[str, object],
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     k_max: int = 8,
 ) -> dict:
-    """Per draft: alpha per position, c, predicted S(k) for k = 0..k_max, the recommended k."""
+    """Per draft (a model or a drafter): alpha per position, c, predicted S(k) for k = 0..k_max,
+    the recommended k."""
     continuations = generate_all(target, prompts, params)
     sequences = [list(p) + c for p, c in zip(prompts, continuations)]
     context = round(sum(map(len, sequences)) / len(sequences))
@@ -70,11 +98,12 @@ def plan(
     for name, draft in drafts.items():
         betas = teacher_forced_beta(target, draft, sequences, [len(p) for p in prompts], params)
         alphas = position_alphas(betas, k_max)
-        profile = profile_costs(target, draft, k_max=k_max, context_length=context)
-        predicted = [refined_speedup(alphas[:k], profile.c, profile.r) for k in range(k_max + 1)]
+        profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
+        c = profile.c or 0.0  # None: no draft model (prompt lookup)
+        predicted = [refined_speedup(alphas[:k], c, profile.r) for k in range(k_max + 1)]
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
         report["candidates"].append({
-            "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": profile.c,
+            "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": c,
             "r": list(profile.r), "predicted_speedup": predicted, "recommended_k": best,
             "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
         })

@@ -180,11 +180,20 @@ def _record_inputs(model: nn.Module, layers: list[nn.Module], calibration: torch
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights a full forward pass reads (embedding rows excepted: one row per token)."""
-    total = 0
+    """Bytes of weights a full forward pass reads: every matrix but the embedding tables (one
+    row per token), each tensor once (a head tied to the embedding counts), quantized ones
+    packed. Works for transformers models too (GPT-2's Conv1D matrices count)."""
+    total, seen = 0, set()
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for module in model.modules():
         if isinstance(module, QuantLinear):
             total += module.weight_bytes
-        elif isinstance(module, nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
+            continue
+        for parameter in module.parameters(recurse=False):
+            if parameter.dim() < 2 or parameter.data_ptr() in seen:
+                continue
+            if id(parameter) in embeddings and isinstance(module, nn.Embedding):
+                continue
+            seen.add(parameter.data_ptr())
+            total += parameter.numel() * parameter.element_size()
     return total
