@@ -74,6 +74,26 @@ def test_resuming_from_a_checkpoint_gives_the_same_weights(data, tmp_path):
         assert torch.equal(tensor, b.state_dict()[name]), name
 
 
+def test_export_writes_the_checkpoint_weights_so_far(data, tmp_path, capsys):
+    from verispec.cli import main
+
+    run = tmp_path / "run"
+    train(PRESETS["tiny"], _cfg(data, run, 5), progress=False)
+    finished = load_pretrained(run / "model")
+    (run / "model" / "config.json").unlink()
+    assert main(["train", "export", "--out", str(run), "--preset", "tiny", "--data", str(data)]) == 0
+    exported = load_pretrained(run / "model")
+    assert all(torch.equal(t, exported.state_dict()[n]) for n, t in finished.state_dict().items())
+    assert main(["train", "export", "--out", str(run), "--preset", "target", "--data", str(data)]) == 2
+    assert "does not fit this architecture" in capsys.readouterr().err
+    assert main(["train", "export", "--out", str(tmp_path / "none"), "--preset", "tiny", "--data", str(data)]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["perplexity", "--model", str(run / "model"), "--data", str(data), "--windows", "2"]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert float(row[1]) == pytest.approx(held_out_loss(exported, data, max_windows=2), rel=1e-5) and float(row[2]) > 1
+
+
 def test_distillation_brings_the_draft_towards_the_teacher(data, tmp_path):
     teacher = train(PRESETS["tiny"], _cfg(data, tmp_path / "teacher", 60), progress=False) / "model"
     draft_config = PRESETS["tiny"].replace(hidden_size=16, num_attention_heads=1, num_key_value_heads=1, head_dim=16)

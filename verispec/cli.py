@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
 
     train = commands.add_parser("train", help="prepare the corpus, pretrain the target, or distil the draft")
-    train.add_argument("what", choices=["data", "target", "draft"])
+    train.add_argument("what", choices=["data", "target", "draft", "export"], help="export: write OUT/model from OUT/checkpoint.pt (a run so far)")
     train.add_argument("--data", default="runs/data", help="data directory (tokenizer.json, train.bin, heldout.bin)")
     train.add_argument("--out", help="output directory (checkpoint.pt, then model/); default runs/WHAT")
     train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
@@ -124,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("--group-size", type=int, default=64, help="with --bits 4: 32, 64 or 128")
     quant.add_argument("--calibration", help="with --bits 4: a data directory of 'verispec train data' (GPTQ on its training split)")
     quant.add_argument("--calibration-windows", type=int, default=32, help="256-token windows of calibration text (default 32)")
+
+    ppl = commands.add_parser("perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)")
+    ppl.add_argument("--model", required=True, action="append", help="model directory (repeatable)")
+    ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split)")
+    ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
@@ -367,6 +372,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _perplexity(args: argparse.Namespace) -> int:
+    import math
+
+    from .train import held_out_loss
+
+    if args.windows < 1:
+        return _fail(f"--windows must be >= 1, got {args.windows}")
+    print(f"{'model':>40} {'loss (nats/token)':>18} {'perplexity':>10}")
+    for name in args.model:
+        loss = held_out_loss(load_model(name), args.data, max_windows=args.windows)
+        print(f"{name:>40} {loss:>18.4f} {math.exp(loss):>10.2f}")
+    print(f"held-out split of {args.data}, {args.windows} windows of 256 tokens")
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from . import train
 
@@ -376,9 +396,16 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if args.what == "draft" and args.teacher is None:
         return _fail("train draft needs --teacher DIR (the target to distil from)")
+    if args.what == "export" and args.preset is None:
+        return _fail("train export needs --preset NAME (the run's architecture)")
     preset = args.preset or args.what
     if preset not in train.PRESETS:
         return _fail(f"--preset must be one of {sorted(train.PRESETS)}, got {preset!r}")
+    if args.what == "export":
+        if args.out is None:
+            return _fail("train export needs --out DIR (the run directory holding checkpoint.pt)")
+        print(f"wrote {train.export_checkpoint(train.PRESETS[preset], args.out, args.data)}")
+        return 0
     cfg = train.TrainConfig(
         out=out, data=args.data, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every,
@@ -404,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "perplexity":
+            return _perplexity(args)
         if args.command == "toy":
             from .models.toy import make_toy_pair
 

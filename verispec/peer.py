@@ -25,7 +25,7 @@ from .config import SamplingParams
 from .drafters.model import ModelDrafter
 from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
-from .models.checkpoint import load_pretrained
+from .models.hf import load_model
 
 
 def _hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list[int]:
@@ -40,7 +40,7 @@ def _hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> lis
 def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_new_tokens: int, prompt_lookup: bool) -> dict[str, Callable[[list[int]], list[int]]]:
     import transformers
 
-    target = load_pretrained(target_dir)
+    target = load_model(target_dir)
     hf_target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     systems: dict[str, Callable[[list[int]], list[int]]] = {
@@ -48,7 +48,7 @@ def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_n
         "transformers plain": lambda p: _hf_generate(hf_target, p, max_new_tokens),
     }
     if draft_dir is not None:
-        draft = load_pretrained(draft_dir)
+        draft = load_model(draft_dir)
         hf_draft = transformers.AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
         hf_draft.generation_config.num_assistant_tokens = k
         hf_draft.generation_config.num_assistant_tokens_schedule = "constant"

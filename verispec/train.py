@@ -245,6 +245,22 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     return out
 
 
+def export_checkpoint(model_config: LlamaConfig, out: str | Path, data: str | Path) -> Path:
+    """Write out/model (a Hugging Face directory) from out/checkpoint.pt: a run's weights so far,
+    usable while it trains or after it was stopped. Returns the model directory."""
+    checkpoint = Path(out) / "checkpoint.pt"
+    if not checkpoint.is_file():
+        raise ValueError(f"{checkpoint}: no checkpoint to export")
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    model = LlamaForCausalLM(model_config.replace(vocab_size=tokenizer_vocab_size(data)))
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise ValueError(f"{checkpoint}: does not fit this architecture ({str(error).splitlines()[0]})") from None
+    save_pretrained(model.eval(), Path(out) / "model", max_shard_bytes=50_000_000, tokenizer_from=data)
+    return Path(out) / "model"
+
+
 @torch.no_grad()
 def held_out_loss(model: LlamaForCausalLM, data: str | Path, seq_len: int = 256, max_windows: int = 256) -> float:
     """Mean next-token cross-entropy (nats/token) on non-overlapping held-out windows."""
