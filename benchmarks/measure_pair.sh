@@ -7,7 +7,8 @@ T=$1; D=$2; DATA=$3; OUT=$4
 P=benchmarks/heldout.jsonl; E=benchmarks/editing.jsonl
 mkdir -p "$OUT"
 run() { echo "\$ $*"; "$@" || echo "FAILED: $*"; }
-common=(--prompts "$P" --max-prompts 6 --max-new-tokens 48 --repeats 3)
+MAXP=${MAXP:-6}; TOK=${TOK:-48}; REP=${REPEATS:-3}; EE=${EE:-2}  # overridable for a quick dry run
+common=(--prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP")
 
 # derived models: quantized copies of the target, a randomly initialised draft
 [ -d "$OUT/target-int8" ] || run verispec quantize --model "$T" --out "$OUT/target-int8" --bits 8
@@ -22,8 +23,8 @@ save_pretrained(init_weights(LlamaForCausalLM(trained.config), seed=123).eval(),
 print("wrote", sys.argv[2])
 PY
 
-run verispec perplexity --model "$T" --model "$OUT/target-int8" --model "$OUT/target-int4-rtn" --model "$OUT/target-int4-gptq" --model "$D" --data "$DATA" --windows 64 | tee "$OUT/perplexity.txt"
-run verispec plan --target "$T" --draft "$D" --draft "$OUT/target-int8" --draft early-exit:2 --draft ngram --prompts "$P" --max-prompts 6 --max-new-tokens 48 --json "$OUT/plan_t0.json" | tee "$OUT/plan_t0.txt"
+run verispec perplexity --model "$T" --model "$OUT/target-int8" --model "$OUT/target-int4-rtn" --model "$OUT/target-int4-gptq" --model "$D" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity.txt"
+run verispec plan --target "$T" --draft "$D" --draft "$OUT/target-int8" --draft early-exit:$EE --draft ngram --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --json "$OUT/plan_t0.json" | tee "$OUT/plan_t0.txt"
 run verispec bench --target "$T" --draft "$D" "${common[@]}" --k 1,2,3,4,5,6,7,8,auto --temperature 0 --json "$OUT/pair_t0.json" --csv "$OUT/pair_t0.csv" --plot-dir "$OUT/plots_pair_t0" | tee "$OUT/pair_t0.txt"
 run verispec bench --target "$T" --draft "$D" "${common[@]}" --k 2,4,auto --temperature 1 --json "$OUT/pair_t1.json" | tee "$OUT/pair_t1.txt"
 run verispec bench --target "$T" --draft "$OUT/draft-random" "${common[@]}" --k 2,4,auto --json "$OUT/bad_random.json" | tee "$OUT/bad_random.txt"
@@ -31,8 +32,8 @@ run verispec bench --target "$T" --draft "$T" "${common[@]}" --k 2,4,auto --json
 for name in target-int8 target-int4-gptq; do
   run verispec bench --target "$T" --draft "$OUT/$name" "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_$name.json" | tee "$OUT/drafter_$name.txt"
 done
-run verispec bench --target "$T" --draft early-exit:2 "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_early-exit.json" | tee "$OUT/drafter_early-exit.txt"
+run verispec bench --target "$T" --draft early-exit:$EE "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_early-exit.json" | tee "$OUT/drafter_early-exit.txt"
 run verispec bench --target "$T" --draft ngram "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_ngram.json" | tee "$OUT/drafter_ngram.txt"
-run verispec bench --target "$T" --draft ngram --prompts "$E" --max-prompts 6 --max-new-tokens 96 --repeats 3 --k 4,8 --temperature 0,1 --json "$OUT/drafter_ngram_editing.json" | tee "$OUT/drafter_ngram_editing.txt"
-run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts 6 --max-new-tokens 48 --repeats 3 --k 4 --json "$OUT/peer_hf.json" | tee "$OUT/peer_hf.txt"
-run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-prompts 6 --max-new-tokens 96 --repeats 3 --k 8 --json "$OUT/peer_hf_ngram.json" | tee "$OUT/peer_hf_ngram.txt"
+run verispec bench --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4,8 --temperature 0,1 --json "$OUT/drafter_ngram_editing.json" | tee "$OUT/drafter_ngram_editing.txt"
+run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP" --k 4 --json "$OUT/peer_hf.json" | tee "$OUT/peer_hf.txt"
+run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 8 --json "$OUT/peer_hf_ngram.json" | tee "$OUT/peer_hf_ngram.txt"

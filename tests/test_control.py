@@ -136,3 +136,10 @@ def test_policies_validate_their_arguments():
         AdaptiveLength(prior_c=-0.1)
     with pytest.raises(ValueError, match="prior_r"):
         AdaptiveLength(prior_r=[1.0, 0.0])
+
+
+def test_a_float32_beta_just_above_one_is_taken_as_one():
+    """beta = sum min(p, q) in float32 reads 1 + 1e-7 for a certain token (a self draft)."""
+    policy = AdaptiveLength(k_max=4, prior_c=0.1, prior_r=[1.0] * 5)
+    policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1)
+    assert policy.alphas() == [1.0] * 4 and policy.choose() == 4

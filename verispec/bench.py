@@ -51,7 +51,7 @@ def _alphas(stats: SpecStats, k: int) -> list[float]:
     out: list[float] = []
     for i in range(k):
         value = stats.beta_by_position[i] if i < len(stats.beta_by_position) else float("nan")
-        out.append(value if not math.isnan(value) else (out[-1] if out else 0.0))
+        out.append(min(max(value, 0.0), 1.0) if not math.isnan(value) else (out[-1] if out else 0.0))  # float32 beta: 1 + ulp
     return out
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .config import SpecConfig
-from .theory import refined_speedup
+from .theory import refined_optimal_k, refined_speedup
 
 
 @runtime_checkable
@@ -105,8 +105,8 @@ class AdaptiveLength:
     def alphas(self) -> list[float]:
         """Per-position conditional acceptance; an unverified position borrows the one before."""
         out: list[float] = []
-        for mean in self._alpha:
-            out.append(mean.get(out[-1] if out else self.prior_alpha))
+        for mean in self._alpha:  # clamped: a float32 beta of a certain token can read 1 + 1e-7
+            out.append(min(max(mean.get(out[-1] if out else self.prior_alpha), 0.0), 1.0))
         return out
 
     def target_seconds(self, n: int) -> float | None:
@@ -138,27 +138,33 @@ class AdaptiveLength:
         slope = (r[-1] - r[0]) / max(len(r) - 1, 1)
         return r[-1] + slope * (n - len(r))
 
-    def predicted_speedups(self) -> list[float]:
-        """S(k) for k = 0..k_max from the current estimates (S(0) = 1)."""
+    def _model_inputs(self) -> tuple[list[float], float, list[float]] | None:
+        """(alphas, c, r(1..k_max+1)) for the refined model, or None before anything is known."""
         t1 = self.target_seconds(1)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
             r = [self._prior_ratio(n) / self._prior_ratio(1) for n in range(1, self.k_max + 2)]
-            return [refined_speedup(self.alphas()[:k], self.prior_c, r) for k in range(self.k_max + 1)]
+            return self.alphas(), self.prior_c, r
         if t1 is None or (self._draft.weight == 0 and self.prior_c is None):
-            return []
+            return None
         c = self._draft.get(0.0) / t1 if self._draft.weight > 0 else self.prior_c
-        r = [self.target_seconds(n) / t1 for n in range(1, self.k_max + 2)]
-        r[0] = 1.0
-        alphas = self.alphas()
+        r = [1.0] + [self.target_seconds(n) / t1 for n in range(2, self.k_max + 2)]
+        return self.alphas(), c, r
+
+    def predicted_speedups(self) -> list[float]:
+        """S(k) for k = 0..k_max from the current estimates (S(0) = 1); [] before any."""
+        inputs = self._model_inputs()
+        if inputs is None:
+            return []
+        alphas, c, r = inputs
         return [refined_speedup(alphas[:k], c, r) for k in range(self.k_max + 1)]
 
     # ---- the policy
 
     def choose(self) -> int:
-        speedups = self.predicted_speedups()
-        if not speedups:  # nothing measured yet: one plain pass, then one drafted pass
+        inputs = self._model_inputs()
+        if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(1) is None else min(4, self.k_max)
-        best = max(range(len(speedups)), key=lambda k: (speedups[k], -k))
+        best, _ = refined_optimal_k(*inputs, k_max=self.k_max)  # ties go to the smaller k
         if best == 0 and self._since_draft + 1 >= self.probe_every:
             return 1  # probe: has drafting started to pay?
         return best
