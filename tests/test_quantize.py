@@ -70,6 +70,28 @@ def test_quantized_model_reads_fewer_bytes_and_stays_close(model, bits, ratio, e
         assert torch.equal(again(ids), approx)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_output_head_is_int8_and_a_tied_embedding_stays_float(model, tied, tmp_path):
+    import copy
+
+    float_model = init_weights(LlamaForCausalLM(model.config.replace(tie_word_embeddings=True)), std=0.1, seed=3).eval() if tied else model
+    quant = quantize_model(copy.deepcopy(float_model), 8)
+    kept = quantize_model(copy.deepcopy(float_model), 8, head_bits=None)
+    assert isinstance(quant.lm_head, QuantLinear) and quant.lm_head.bits == 8 and isinstance(kept.lm_head, torch.nn.Linear)
+    assert torch.equal(quant.model.embed_tokens.weight, float_model.model.embed_tokens.weight)  # float rows
+    head = float_model.lm_head.weight.numel()
+    assert weight_bytes(kept) - weight_bytes(quant) == head * 4 - (head + float_model.vocab_size * 4)  # float32 -> int8 + scales
+    save_pretrained(quant, tmp_path / "q")
+    again = load_pretrained(tmp_path / "q")
+    assert again.quantization["head_bits"] == 8 and isinstance(again.lm_head, QuantLinear)
+    ids = torch.randint(0, 120, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(again(ids), quant(ids))
+        assert ((quant(ids) - float_model(ids)).pow(2).mean() / float_model(ids).pow(2).mean()).sqrt() < 0.05
+    with pytest.raises(ValueError, match="head_bits"):
+        quantize_model(copy.deepcopy(float_model), 8, head_bits=4)
+
+
 def test_quantized_target_as_draft_is_exact_and_accepted(model):
     """The quantized copy drafts for its float original: greedy output unchanged, acceptance high."""
     import copy

@@ -123,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("--bits", type=int, default=8, choices=[4, 8])
     quant.add_argument("--group-size", type=int, default=64, help="with --bits 4: 32, 64 or 128")
     quant.add_argument("--calibration", help="with --bits 4: a data directory of 'verispec train data' (GPTQ on its training split)")
+    quant.add_argument("--float-head", action="store_true", help="keep the output head in float (default: int8 per channel)")
     quant.add_argument("--calibration-windows", type=int, default=32, help="256-token windows of calibration text (default 32)")
 
     ppl = commands.add_parser("perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)")
@@ -254,7 +255,7 @@ def _quantize(args: argparse.Namespace) -> int:
         tokens = load_tokens(args.calibration, "train")
         starts = torch.randint(0, len(tokens) - 257, (args.calibration_windows,), generator=torch.Generator().manual_seed(0))
         calibration = torch.stack([tokens[s : s + 256] for s in starts.tolist()])
-    quantize_model(model, args.bits, args.group_size, calibration)
+    quantize_model(model, args.bits, args.group_size, calibration, head_bits=None if args.float_head else 8)
     save_pretrained(model, args.out, max_shard_bytes=50_000_000, tokenizer_from=args.model)
     print(f"wrote {args.out}: int{args.bits} ({model.quantization['method']}) weights, {before / 1e6:.1f} MB -> {weight_bytes(model) / 1e6:.1f} MB read per pass")
     return 0

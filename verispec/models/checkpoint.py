@@ -76,7 +76,7 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
     state = _read_state_dict(directory)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    elif "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+    elif "lm_head.weight" not in state and "lm_head.qweight" not in state and "model.embed_tokens.weight" in state:
         raise CheckpointError(f"{directory}: lm_head.weight missing while tie_word_embeddings is false")
     state = from_hf_state_dict(state, config)
     with torch.device("meta"):
@@ -84,9 +84,10 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         if quantization is not None:
             from .quantize import quantize_model
 
-            quantize_model(model, quantization["bits"], quantization["group_size"])
+            quantize_model(model, quantization["bits"], quantization["group_size"], head_bits=quantization.get("head_bits"))
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
+    tied = config.tie_word_embeddings and "lm_head.weight" in shapes  # a quantized head has codes of its own
+    if tied:
         shapes.pop("lm_head.weight")
     expected = set(shapes)
     missing, unexpected = expected - set(state), set(state) - expected
@@ -98,7 +99,7 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         if name in expected and tuple(tensor.shape) != shapes[name]:
             raise CheckpointError(f"{directory}: {name} has shape {tuple(tensor.shape)}, config implies {shapes[name]}")
     model.load_state_dict({n: t if not t.is_floating_point() or n.endswith(".scale") else t.to(dtype) for n, t in state.items() if n in expected}, assign=True, strict=False)
-    if config.tie_word_embeddings:
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()
 
@@ -114,7 +115,7 @@ def save_pretrained(model: LlamaForCausalLM, directory: str | Path, max_shard_by
     (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     state = {n: t.detach().contiguous().cpu() for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
-        state.pop("lm_head.weight")
+        state.pop("lm_head.weight", None)  # absent when the head is quantized
     state = to_hf_state_dict(state, config)
     shards = _shard(state, max_shard_bytes)
     for stale in directory.glob("model*.safetensors*"):

@@ -137,8 +137,12 @@ class QuantLinear(nn.Module):
 QUANTIZED_LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def quantize_model(model: nn.Module, bits: int, group_size: int = 64, calibration: torch.Tensor | None = None) -> nn.Module:
-    """Replace the decoder layers' projections by QuantLinear, in place (embeddings and head stay).
+def quantize_model(
+    model: nn.Module, bits: int, group_size: int = 64, calibration: torch.Tensor | None = None, head_bits: int | None = 8
+) -> nn.Module:
+    """Replace the decoder layers' projections by QuantLinear, in place; with head_bits = 8 the
+    output head too (int8 per channel, round-to-nearest: a tied head gets its own codes and the
+    embedding table stays float, as it is read one row per token). None leaves the head float.
 
     Round-to-nearest by default; with `calibration` token ids [n, T] and bits = 4, GPTQ: each
     projection's inputs are recorded on the calibration text (float model, one pass) and its
@@ -149,6 +153,8 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 64, calibratio
         raise ValueError(f"quantize a float32 model, got {model.dtype}")
     if calibration is not None and bits != 4:
         raise ValueError("calibration (GPTQ) is for bits = 4")
+    if head_bits not in (None, 8):
+        raise ValueError(f"head_bits must be 8 or None, got {head_bits!r}")
     targets = [(getattr(layer, path.split(".")[0]), path.split(".")[1]) for layer in model.model.layers for path in QUANTIZED_LAYERS]
     inputs = _record_inputs(model, [getattr(parent, name) for parent, name in targets], calibration) if calibration is not None else None
     for index, (parent, name) in enumerate(targets):
@@ -161,7 +167,9 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 64, calibratio
             if layer.bias is not None:
                 quant.bias = layer.bias.detach().float().clone()
             setattr(parent, name, quant)
-    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn" if calibration is None else "gptq"}
+    if head_bits is not None:
+        model.lm_head = QuantLinear.from_linear(model.lm_head, head_bits)
+    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn" if calibration is None else "gptq", "head_bits": head_bits}
     return model
 
 
