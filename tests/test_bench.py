@@ -112,6 +112,25 @@ def test_peer_bench_against_transformers_reports_identical_greedy_tokens(pair, t
     assert "transformers prompt lookup k=2" in capsys.readouterr().out
 
 
+def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from verispec.peer import explain_difference
+
+    target_dir, _, _, _ = pair
+    hf_target = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    prompt, reference = [5, 6, 7], [9, 10, 11]
+    with torch.no_grad():
+        logits = hf_target(torch.tensor([prompt + reference[:1]])).logits[0, -1]
+    top = logits.topk(2)
+    other = [9, int(top.indices[1]), 3]
+    assert explain_difference(hf_target, prompt, reference, list(reference)) is None
+    report = explain_difference(hf_target, prompt, reference, other)
+    assert report["position"] == 1 and report["tokens"] == [10, other[1]] and report["second_choice"]
+    assert report["top2_gap"] == pytest.approx(float(top.values[0] - top.values[1]))
+
+
 def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
     import torch
 

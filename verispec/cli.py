@@ -329,12 +329,19 @@ def _peer(args: argparse.Namespace) -> int:
         return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     lookup = args.draft == "ngram"
-    result = run_peer_bench(args.target, None if lookup else args.draft, prompts, k, args.max_new_tokens, args.repeats, prompt_lookup=lookup)
+    result = run_peer_bench(args.target, None if lookup else args.draft, prompts, k, args.max_new_tokens, args.repeats, prompt_lookup=lookup,
+                            dtype=parse_dtype(args.dtype))
     print(f"{'system':>32} {'tok/s':>8} {'vs hf plain':>11} {'vs hf assisted':>14}  identical")
     for row in result["runs"]:
         assisted = "-" if row["vs_transformers_assisted"] is None else f"{row['vs_transformers_assisted']:.2f}"
         print(f"{row['system']:>32} {row['tokens_per_s']:>8.1f} {row['vs_transformers_plain']:>11.2f} {assisted:>14}  {row['identical_to_transformers_plain']}")
-    print(f"greedy, batch 1, {args.max_new_tokens} new tokens per prompt, median of {args.repeats} rounds")
+    for row in result["runs"]:
+        diff = row["first_difference"]
+        if diff is not None:
+            print(f"{row['system']}: first differs from transformers plain at prompt {diff['prompt']}, token {diff['position']} "
+                  f"({diff['tokens'][1]} vs {diff['tokens'][0]}): the target's top-2 logit gap there is {diff['top2_gap']:.4f}"
+                  + (" (a near-tie)" if diff["top2_gap"] < 0.05 else ""))
+    print(f"greedy, batch 1, {args.max_new_tokens} new tokens per prompt, {result['dtype']}, median of {args.repeats} rounds")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
