@@ -110,6 +110,16 @@ def test_adaptive_backs_off_and_only_probes(alpha, t_draft, t_target, why):
     assert set(tail) <= {0, 1}, (why, chosen)
 
 
+def test_a_draft_too_slow_to_ever_pay_is_not_probed():
+    """c = 1 (the target drafting for itself): no k pays even at acceptance 1, so probing for
+    acceptance is pointless: no probe after the first measurements, while a cheap bad draft
+    keeps being probed."""
+    slow, bad = AdaptiveLength(k_max=8, probe_every=16), AdaptiveLength(k_max=8, probe_every=16)
+    slow_chosen = _feed(slow, alpha=1.0, t_draft=1.0, t_target=lambda n: 1.0, iterations=160)
+    bad_chosen = _feed(bad, alpha=0.02, t_draft=0.05, t_target=lambda n: 1.0, iterations=160)
+    assert sum(k > 0 for k in slow_chosen[8:]) == 0 and sum(k > 0 for k in bad_chosen[8:]) >= 8, (slow_chosen, bad_chosen)
+
+
 @pytest.mark.parametrize("prior_c, expect_draft", [(0.05, True), (2.0, False)])
 def test_a_cost_profile_lets_the_first_choice_be_right(prior_c, expect_draft):
     """Seeded with c and r(n) from the profiler, the first iteration already speculates when

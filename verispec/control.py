@@ -12,7 +12,10 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
 iteration; without one it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1; the policy then probes k = 1 every
-`probe_every` iterations so that it notices when drafting pays again. A policy only changes
+`probe_every` iterations so that it notices when drafting pays again, unless the costs alone
+rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
+target); then it does not probe at all (a probe would make the draft catch up on every token
+since its last pass, for nothing). A policy only changes
 how many tokens are proposed, never which are committed, so exactness is untouched.
 Knows nothing of models or tokens.
 """
@@ -164,9 +167,13 @@ class AdaptiveLength:
         inputs = self._model_inputs()
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(1) is None else min(4, self.k_max)
-        best, _ = refined_optimal_k(*inputs, k_max=self.k_max)  # ties go to the smaller k
+        alphas, c, r = inputs
+        best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
         if best == 0 and self._since_draft + 1 >= self.probe_every:
-            return 1  # probe: has drafting started to pay?
+            # probe: has acceptance risen? Not when even a draft that is always accepted could
+            # not pay at this c and r(n): acceptance is not the question then.
+            if refined_optimal_k([1.0] * self.k_max, c, r, k_max=self.k_max)[0] > 0:
+                return 1
         return best
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:

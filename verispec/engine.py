@@ -88,6 +88,8 @@ def generate(
         drafter.start(prompts, max_length, target_cache=cache)
     elif drafter is not None:
         drafter.start(prompts, max_length)
+    if isinstance(policy, FixedLength) and policy.k > 0 and hasattr(drafter, "prefill"):
+        drafter.prefill()  # it will draft at once: read the prompts now, timed as prefill
     _sync(device)
     stats.prefill_time_s += time.perf_counter() - started
     pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)  # [B]

@@ -9,6 +9,9 @@ back to the committed sequence in that one call.
 A drafter that sets `shares_target_cache = True` is started with the target's cache as well,
 `start(prompts, max_length, target_cache=cache)`, after the prompts were prefilled into it;
 it may read that cache but must never write a committed position (early_exit.py).
+A drafter may also offer `prefill()`: the engine calls it right after `start` when it will
+draft from the first iteration (a fixed k > 0), so that reading the prompts is timed as
+prefill; otherwise a model drafter reads them lazily, in its first proposal.
 """
 
 from __future__ import annotations

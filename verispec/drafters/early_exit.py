@@ -82,6 +82,10 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.model.device)  # [B, 1]
         self.pending_count = [1] * len(prompts)
 
+    def prefill(self) -> None:
+        if self.target_cache is None:  # shared: the target's prefill already wrote these layers
+            super().prefill()
+
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         if self.target_cache is None:
             return super().commit(num_accepted, next_token_ids, active)

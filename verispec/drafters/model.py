@@ -1,7 +1,9 @@
 """A separate small draft model with its own KV cache.
 
 Owns the draft model's cache and its "pending" tokens: committed tokens the draft model
-has not consumed yet, fed together at the next proposal. After a step with a rejection only
+has not consumed yet, fed together at the next proposal. At the start the whole prompt is
+pending (the prefill is deferred to the first proposal, and never happens if no proposal is
+ever asked for). After a step with a rejection only
 the recovered token is pending; after a step where all k proposals were accepted, the last
 proposal x_k was never fed to the draft model, so x_k and the bonus token are both pending
 (forgetting x_k is the bug that lowered acceptance in vLLM PR #9730). A step with k = 0
@@ -30,11 +32,24 @@ class ModelDrafter:
         return self.model.vocab_size
 
     def start(self, prompts: list[list[int]], max_length: int) -> None:
+        """The prompts become pending tokens: unless `prefill()` is called now, the draft model
+        reads them in its first proposal, so a policy that never speculates never pays for the
+        draft's prefill either."""
         device = self.model.device
         self.cache = self.model.new_cache(len(prompts), max_length)
-        self.model.prefill([p[:-1] for p in prompts], self.cache)
-        self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=device)  # [B, P]
-        self.pending_count = [1] * len(prompts)
+        self._prompts = prompts
+        longest = max(len(p) for p in prompts)
+        self.pending = torch.tensor([list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)  # [B, P]
+        self.pending_count = [len(p) for p in prompts]
+
+    def prefill(self) -> None:
+        """Read the prompts now (all but their last tokens, which stay pending): the engine calls
+        this when it will speculate anyway, so that the prefill is timed as prefill."""
+        assert self.cache is not None, "start() first"
+        if max(self.cache.host_lengths) == 0 and max(self.pending_count) > 1:
+            self.model.prefill([p[:-1] for p in self._prompts], self.cache)
+            self.pending = torch.tensor([[p[-1]] for p in self._prompts], dtype=torch.long, device=self.pending.device)
+            self.pending_count = [1] * len(self._prompts)
 
     @torch.no_grad()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,10 +60,8 @@ class ModelDrafter:
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         width = max(self.pending_count)
-        logits = self.model(self.pending[:, :width], self.cache)  # [B, width, V]
-        if width > 1:  # rows with fewer pending tokens fed pads; keep each row's last real position
-            counts = torch.tensor(self.pending_count, device=logits.device)
-            logits = logits[torch.arange(batch, device=logits.device), counts - 1][:, None]
+        logits = self._last_logits(self.pending[:, :width])  # [B, 1, V]
+        if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
         token_ids, probs = [], []
         for i in range(k):
@@ -60,6 +73,19 @@ class ModelDrafter:
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k]
         self._last_proposal = draft_token_ids[:, -1]
         return draft_token_ids, torch.stack(probs, dim=1)  # [B, k, V]
+
+    def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ids [B, W] (row b's real tokens first, then pads); logits [B, 1, V] at each row's
+        last real token. A model with `hidden_states`/`logits` (verispec's) computes the head
+        for those positions only: the first pass reads a whole prompt."""
+        batch, width = ids.shape
+        if width == 1:
+            return self.model(ids, self.cache)
+        rows = torch.arange(batch, device=ids.device)
+        last = torch.tensor(self.pending_count, device=ids.device) - 1  # [B]
+        if hasattr(self.model, "hidden_states") and hasattr(self.model, "logits"):
+            return self.model.logits(self.model.hidden_states(ids, self.cache)[rows, last][:, None])
+        return self.model(ids, self.cache)[rows, last][:, None]
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         assert self.cache is not None
