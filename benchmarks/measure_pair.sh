@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The BENCHMARKS.md measurements for a target/draft pair, in one go (about 30 minutes on the
+# The BENCHMARKS.md measurements for a target/draft pair, in one go (about 40 minutes on the
 # 2-core development machine). Stop anything else running first: a busy core skews ratios.
 # Usage: bash benchmarks/measure_pair.sh TARGET_DIR DRAFT_DIR DATA_DIR OUT_DIR
 set -u
@@ -36,4 +36,9 @@ run verispec bench --target "$T" --draft early-exit:$EE "${common[@]}" --k 2,4 -
 run verispec bench --target "$T" --draft ngram "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_ngram.json" | tee "$OUT/drafter_ngram.txt"
 run verispec bench --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4,8 --temperature 0,1 --json "$OUT/drafter_ngram_editing.json" | tee "$OUT/drafter_ngram_editing.txt"
 run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP" --k 4 --json "$OUT/peer_hf.json" | tee "$OUT/peer_hf.txt"
-run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 8 --json "$OUT/peer_hf_ngram.json" | tee "$OUT/peer_hf_ngram.txt"
+run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP" --k 2 --json "$OUT/peer_hf_k2.json" | tee "$OUT/peer_hf_k2.txt"
+run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4 --json "$OUT/peer_hf_ngram.json" | tee "$OUT/peer_hf_ngram.txt"
+# int4 at group 128: round-to-nearest vs GPTQ
+[ -d "$OUT/target-int4-rtn-g128" ] || run verispec quantize --model "$T" --out "$OUT/target-int4-rtn-g128" --bits 4 --group-size 128
+[ -d "$OUT/target-int4-gptq-g128" ] || run verispec quantize --model "$T" --out "$OUT/target-int4-gptq-g128" --bits 4 --group-size 128 --calibration "$DATA"
+run verispec perplexity --model "$T" --model "$OUT/target-int4-rtn-g128" --model "$OUT/target-int4-gptq-g128" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity_g128.txt"
