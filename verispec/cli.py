@@ -424,34 +424,28 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _toy(args: argparse.Namespace) -> int:
+    from .models.toy import make_toy_pair
+
+    target, draft = make_toy_pair(args.out, seed=args.seed, sizes=args.sizes)
+    print(f"wrote {target} and {draft} (random weights)")
+    return 0
+
+
+_COMMANDS = {
+    "generate": _generate, "plan": _plan, "quantize": _quantize, "profile": _profile,
+    "bench": _bench, "train": _train, "perplexity": _perplexity, "toy": _toy,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "generate":
-            return _generate(args)
-        if args.command == "plan":
-            return _plan(args)
-        if args.command == "quantize":
-            return _quantize(args)
-        if args.command == "profile":
-            return _profile(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "perplexity":
-            return _perplexity(args)
-        if args.command == "toy":
-            from .models.toy import make_toy_pair
-
-            target, draft = make_toy_pair(args.out, seed=args.seed, sizes=args.sizes)
-            print(f"wrote {target} and {draft} (random weights)")
-            return 0
+        return _COMMANDS[args.command](args)
     except (CheckpointError, ValueError, OSError) as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         return 130
-    return _fail(f"unknown command {args.command!r}")
 
 
 if __name__ == "__main__":
