@@ -112,3 +112,35 @@ def test_bad_training_config_names_the_parameter(data, tmp_path):
         TrainConfig(out=str(tmp_path), data=str(data), steps=0)
     with pytest.raises(ValueError, match="dtype"):
         TrainConfig(out=str(tmp_path), data=str(data), dtype="int8")
+
+
+def test_early_stopping_exports_the_best_held_out_weights(data, tmp_path, monkeypatch):
+    """With eval_every, the exported model is the evaluated one with the lowest held-out loss
+    (here scripted to be step 10's), not the last."""
+    import json
+
+    import verispec.train as train_module
+
+    scripted = iter([3.0, 1.0, 2.0, 4.0, 5.0, 6.0])
+    monkeypatch.setattr(train_module, "held_out_loss", lambda model, data: next(scripted))
+    out = train(PRESETS["tiny"], _cfg(data, tmp_path, 30, eval_every=5), progress=False)
+    log = json.loads((out / "train_log.json").read_text())
+    assert [(e["step"], e["heldout_loss"]) for e in log["log"] if "heldout_loss" in e] == [(5, 3.0), (10, 1.0), (15, 2.0), (20, 4.0), (25, 5.0), (30, 6.0)]
+    assert log["best"] == {"step": 10, "heldout_loss": 1.0}
+    exported = load_pretrained(out / "model").state_dict()
+    best = torch.load(out / "best.pt", weights_only=False)
+    last = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert best["step"] == 10 and all(torch.equal(t, best["model"][n]) for n, t in exported.items())
+    assert not all(torch.equal(t, last[n]) for n, t in exported.items())
+
+
+def test_max_seconds_stops_early_and_still_exports(data, tmp_path):
+    import json
+
+    out = train(PRESETS["tiny"], _cfg(data, tmp_path, 100_000, max_seconds=3.0), progress=False)
+    log = json.loads((out / "train_log.json").read_text())
+    fitted = log["train_config"]["steps"]  # the schedule, shrunk to fit the time after 60 steps
+    assert 60 <= log["steps_run"] <= fitted < 100_000 and (out / "model" / "config.json").exists()
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == log["steps_run"]
+    with pytest.raises(ValueError, match="max_seconds"):
+        TrainConfig(out=str(tmp_path), data=str(data), max_seconds=-1)

@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
     train.add_argument("--checkpoint-every", type=int, default=100)
+    train.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps; export the best (0 = off: export the last)")
+    train.add_argument("--max-seconds", type=float, default=0.0, help="stop, checkpoint and export after this long (0 = no limit)")
 
     bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
     bench.add_argument("--target", required=True, help="target model directory")
@@ -416,10 +418,11 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     cfg = train.TrainConfig(
         out=out, data=args.data, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every,
+        seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+        max_seconds=args.max_seconds,
         teacher=args.teacher if args.what == "draft" else None,
     )
-    result = train.train(train.PRESETS[preset], cfg)
+    result = train.train(train.PRESETS[preset], cfg, progress=sys.stderr.isatty())
     print(f"wrote {result / 'model'}")
     return 0
 

@@ -16,7 +16,7 @@ import math
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -157,11 +157,16 @@ class TrainConfig:
     checkpoint_every: int = 100
     teacher: str | None = None  # a target directory: distil the draft from it (KL), else plain next-token CE
     distill_temperature: float = 1.0
+    eval_every: int = 0  # > 0: held-out loss every this many steps; the exported model is the best one seen
+    max_seconds: float = 0.0  # > 0: fit the schedule (steps) to this wall time after 50 timed steps; stop there at the latest
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "max_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
 
@@ -207,19 +212,26 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95)
     )
-    step, log = 0, []
-    checkpoint = out / "checkpoint.pt"
+    step, log, best = 0, [], {"step": None, "heldout_loss": math.inf}
+    checkpoint, best_path = out / "checkpoint.pt", out / "best.pt"
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, log = state["step"], state["log"]
+        step, log, best = state["step"], state["log"], state.get("best", best)
     tokens = load_tokens(cfg.data, "train")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, dynamic_ncols=True)
     model.train()
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    run_started, first_step = time.perf_counter(), step
     while step < cfg.steps:
+        if cfg.max_seconds and step == first_step + 60:  # fit the cosine schedule into the time left
+            steps = _steps_within(cfg.max_seconds, step, time.perf_counter() - run_started, timed_from)
+            cfg = replace(cfg, steps=min(cfg.steps, steps))
+        if cfg.max_seconds and time.perf_counter() - run_started > cfg.max_seconds:
+            print(f"stopping at step {step}: --max-seconds {cfg.max_seconds:g} reached", flush=True)
+            break
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
@@ -231,18 +243,46 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         optimizer.step()
         step += 1
         elapsed = time.perf_counter() - started
+        if step == first_step + 10:
+            timed_from = (step, time.perf_counter() - run_started)  # past the first steps' warm-up
         log.append({"step": step, "loss": loss.item(), "seconds": elapsed})
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_per_step / elapsed:.0f}")
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            model.eval()
+            with autocast:
+                heldout = held_out_loss(model, cfg.data)
+            model.train()
+            log[-1]["heldout_loss"] = heldout
+            print(f"step {step} loss {loss.item():.4f} heldout {heldout:.4f} tok/s {tokens_per_step / elapsed:.0f}", flush=True)
+            if heldout < best["heldout_loss"]:
+                best = {"step": step, "heldout_loss": heldout}
+                _atomic_save({"model": model.state_dict(), **best}, best_path)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            tmp = checkpoint.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "train_config": asdict(cfg)}, tmp)
-            tmp.replace(checkpoint)  # atomic: a kill mid-save loses no work
+            _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
     bar.close()
+    _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
+    if best["step"] is not None:  # early stopping: export the weights with the lowest held-out loss
+        model.load_state_dict(torch.load(best_path, weights_only=False, map_location=device)["model"])
     model.eval().cpu()
     save_pretrained(model, out / "model", max_shard_bytes=50_000_000, tokenizer_from=cfg.data)
-    (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "log": log}) + "\n")
+    (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "steps_run": step, "best": best, "log": log}) + "\n")
     return out
+
+
+def _steps_within(seconds: float, step: int, elapsed: float, timed_from: tuple[int, float]) -> int:
+    """The last step a run can reach in `seconds`, from the pace since `timed_from` (with 10% to spare
+    for held-out evaluations and checkpoints)."""
+    pace = (elapsed - timed_from[1]) / (step - timed_from[0])  # seconds per step
+    steps = step + int(0.9 * (seconds - elapsed) / pace)
+    print(f"--max-seconds {seconds:g}: {pace * 1000:.0f} ms/step, schedule set to {steps} steps", flush=True)
+    return max(step, steps)
+
+
+def _atomic_save(state: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: a kill mid-save loses no work
 
 
 def export_checkpoint(model_config: LlamaConfig, out: str | Path, data: str | Path) -> Path:
