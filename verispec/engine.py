@@ -101,6 +101,7 @@ def generate(
             t0 = time.perf_counter()
             if drafter is not None:
                 draft_token_ids, draft_probs = drafter.propose(k, params, generator)  # [B, k], [B, k, V]
+                k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
             else:
                 draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
             _sync(device)

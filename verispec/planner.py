@@ -40,7 +40,7 @@ def _lookup_probs(drafter: PromptLookupDrafter, sequence: list[int], start: int,
     """One-hot q [T, V] at prompt lookup's first proposal after each prefix sequence[:t], t = start..end-1."""
     prefixes = [sequence[:t] for t in range(start, len(sequence))]
     drafter.start(prefixes, len(sequence))
-    proposals, _ = drafter.propose(1, SamplingParams(), None)  # [T, 1]
+    proposals, _ = drafter.lookup(1)  # [T, 1] (padded where a prefix has no match)
     return torch.nn.functional.one_hot(proposals[:, 0].to(device), vocab_size).float()
 
 

@@ -31,7 +31,8 @@ class Drafter(Protocol):
     def propose(
         self, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return draft_token_ids [B, k] and draft_probs [B, k, V] (float32) or None.
+        """Return draft_token_ids [B, k'] and draft_probs [B, k', V] (float32) or None, k' <= k
+        (the same for every row; fewer when it has nothing worth proposing).
 
         draft_probs must be exactly the distribution each token was drawn from.
         """

@@ -12,13 +12,15 @@ Padding (a proposal is always `[B, k]` and deterministic): the proposal is the h
 continued with period d = (row length) - (position after the match), i.e. as if the text
 kept repeating from the matched occurrence. When the match has k or more following tokens
 this is exactly the continuation; when it has fewer, the copy runs on into the proposal
-itself (a cycle such as "a b c a b" proposes "c a b c ..."). With no match, d = 1: the
-last token is repeated (cheap, and right for runs of one token).
+itself (a cycle such as "a b c a b" proposes "c a b c ..."). A row with no match is padded
+with its last token repeated (d = 1). When no row has a match, it proposes nothing (a
+`[B, 0]` proposal: the engine then runs a plain step, one position instead of k + 1), as
+transformers' prompt lookup does.
 
 Cost: one vectorised comparison of every window of the history against the suffix per n,
 O(history * max_ngram) per row and step; the tensor work has no Python loop over rows or
-positions and no host synchronisation (only a host list of row lengths is kept up to date
-from the `num_accepted` list the engine passes). The history is a tensor rather than Python
+positions and one host synchronisation (whether any row matched; a host list of row lengths
+is kept up to date from the `num_accepted` list the engine passes). The history is a tensor rather than Python
 lists so that batches of 10^5 rows (the statistical tests) cost little; keep it on the
 target's device (`device=`), or each commit copies next_token_ids across.
 """
@@ -68,13 +70,18 @@ class PromptLookupDrafter:
 
     @torch.no_grad()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, None]:
-        """draft_token_ids [B, k] (long) and None: q is one-hot at the proposal."""
+        """draft_token_ids [B, k], or [B, 0] when no row matched (long), and None: q is one-hot."""
         assert self.tokens is not None, "start() first"
-        self._k = k
-        self._proposal = self.tokens[:, :0] if k == 0 else self._lookup(k)  # [B, k]
-        return self._proposal, None
+        proposal = self.tokens[:, :0]
+        if k > 0:
+            proposal, found = self.lookup(k)
+            if not bool(found.any()):  # nothing to copy anywhere: a plain step is cheaper
+                proposal = proposal[:, :0]
+        self._proposal, self._k = proposal, proposal.shape[1]
+        return proposal, None
 
-    def _lookup(self, k: int) -> torch.Tensor:
+    def lookup(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's padded proposal [B, k] and whether the row matched [B] bool."""
         width = max(self.host_lengths)
         history, lengths = self.tokens[:, :width], self.lengths  # [B, W], [B]
         follow = lengths - 1  # position whose token comes next; no match: repeat the last token
@@ -92,7 +99,7 @@ class PromptLookupDrafter:
             found |= hit
         period = lengths - follow  # >= 1
         offsets = torch.arange(k, device=self.device)[None] % period[:, None]  # [B, k]
-        return history.gather(1, follow[:, None] + offsets)  # [B, k]
+        return history.gather(1, follow[:, None] + offsets), found  # [B, k], [B]
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         """Append each active row's accepted proposals and next token [B]; inactive rows stay."""
