@@ -49,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="stream a completion, then one line of statistics")
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt (or use --prompt)")
     gen.add_argument("--prompt", help="the prompt text")
-    gen.add_argument("--target", help="target model directory (Hugging Face format)")
-    gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); without it, no speculation")
-    gen.add_argument("--k", type=_draft_length, default=4, help="draft length: tokens proposed per target pass (default 4), or 'auto'")
+    gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
+    gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
+    gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
     gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -166,8 +166,10 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_text
     if prompt is None:
         return _fail("no prompt: give PROMPT or --prompt TEXT")
-    if args.target is None:
-        return _fail("--target DIR is required (no built-in model pair is installed yet)")
+    if args.target is None:  # the built-in pair, shipped inside the package
+        from .pair import DRAFT_DIR, TARGET_DIR
+
+        args.target, args.draft = str(TARGET_DIR), str(DRAFT_DIR) if args.draft is None else args.draft
     dtype = parse_dtype(args.dtype)
     target = load_model(args.target, dtype)
     tokenizer = load_tokenizer(args.target)
@@ -187,11 +189,13 @@ def _generate(args: argparse.Namespace) -> int:
     from .models.kernels import kernel_status
 
     kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
+    plain_step_s = None
     if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
         from .profiler import profile_costs
 
         profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, context_length=len(prompt_ids) + args.max_new_tokens // 2, repeats=3)
         k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r)
+        plain_step_s = profile.target_s[0]
     stats = SpecStats()
     generated: list[int] = []
     shown = ""
@@ -204,7 +208,7 @@ def _generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             shown = text
     print()
-    print(stats.summary())
+    print(stats.summary(plain_step_s))
     return 0
 
 

@@ -102,14 +102,24 @@ class SpecStats(RequestStats):
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else float("nan")
 
-    def summary(self) -> str:
-        """One line: the figures a user reads after a run."""
+    def estimated_speedup(self, plain_step_s: float) -> float:
+        """Decoding speed-up over plain decoding, estimated as (tokens x a plain step's time, profiled
+        separately) / this run's decoding time (prefill excluded, every overhead included). A plain
+        loop's own per-token overhead (sampling) is not in plain_step_s, so this leans slightly high;
+        `verispec bench` measures the ratio instead."""
+        decoding_s = self.total_time_s - self.prefill_time_s
+        return self.generated_tokens * plain_step_s / decoding_s if decoding_s > 0 else float("nan")
+
+    def summary(self, plain_step_s: float | None = None) -> str:
+        """One line: the figures a user reads after a run (with plain_step_s: the estimated speed-up)."""
         line = f"{self.generated_tokens} tokens in {self.total_time_s:.2f} s ({self.tokens_per_s:.1f} tok/s)"
         if self.proposed:
             line += (
                 f" | alpha_hat {self.alpha_hat:.3f} ({self.accepted}/{self.proposed}), beta {self.beta:.3f},"
                 f" mean tokens/target pass {self.mean_tokens_per_pass:.2f} (incl. recovered/bonus)"
             )
+            if plain_step_s is not None:
+                line += f" | speed-up ~{self.estimated_speedup(plain_step_s):.2f}x (plain step {plain_step_s * 1000:.1f} ms, profiled)"
         else:
             line += f" | no speculation, {self.target_passes} target passes"
         return line + f" | prefill {self.prefill_time_s:.2f} s, draft {self.draft_time_s:.2f} s, target {self.target_time_s:.2f} s"
