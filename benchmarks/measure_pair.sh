@@ -34,7 +34,7 @@ for name in target-int8 target-int4-gptq; do
 done
 run verispec bench --target "$T" --draft early-exit:$EE "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_early-exit.json" | tee "$OUT/drafter_early-exit.txt"
 run verispec bench --target "$T" --draft ngram "${common[@]}" --k 2,4 --temperature 0,1 --json "$OUT/drafter_ngram.json" | tee "$OUT/drafter_ngram.txt"
-run verispec bench --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4,8 --temperature 0,1 --json "$OUT/drafter_ngram_editing.json" | tee "$OUT/drafter_ngram_editing.txt"
+run verispec bench --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4,7,auto --temperature 0,1 --json "$OUT/drafter_ngram_editing.json" | tee "$OUT/drafter_ngram_editing.txt"
 run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP" --k 4 --json "$OUT/peer_hf.json" | tee "$OUT/peer_hf.txt"
 run verispec bench --peer hf --target "$T" --draft "$D" --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP" --k 2 --json "$OUT/peer_hf_k2.json" | tee "$OUT/peer_hf_k2.txt"
 run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-prompts "$MAXP" --max-new-tokens $((TOK * 2)) --repeats "$REP" --k 4 --json "$OUT/peer_hf_ngram.json" | tee "$OUT/peer_hf_ngram.txt"
