@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
     train.add_argument("--checkpoint-every", type=int, default=100)
     train.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps; export the best (0 = off: export the last)")
-    train.add_argument("--max-seconds", type=float, default=0.0, help="stop, checkpoint and export after this long (0 = no limit)")
+    train.add_argument("--max-seconds", type=float, default=0.0, help="fit the schedule to this many seconds after 60 steps, and stop there at the latest (0 = no limit)")
 
     bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
     bench.add_argument("--target", required=True, help="target model directory")

@@ -158,7 +158,7 @@ class TrainConfig:
     teacher: str | None = None  # a target directory: distil the draft from it (KL), else plain next-token CE
     distill_temperature: float = 1.0
     eval_every: int = 0  # > 0: held-out loss every this many steps; the exported model is the best one seen
-    max_seconds: float = 0.0  # > 0: fit the schedule (steps) to this wall time after 50 timed steps; stop there at the latest
+    max_seconds: float = 0.0  # > 0: fit the schedule (steps) to this wall time after 60 steps; stop there at the latest
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every"):
@@ -225,12 +225,17 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     model.train()
     tokens_per_step = cfg.batch_size * cfg.seq_len
     run_started, first_step = time.perf_counter(), step
+
+    def save_checkpoint() -> None:
+        _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
+
     while step < cfg.steps:
         if cfg.max_seconds and step == first_step + 60:  # fit the cosine schedule into the time left
             steps = _steps_within(cfg.max_seconds, step, time.perf_counter() - run_started, timed_from)
             cfg = replace(cfg, steps=min(cfg.steps, steps))
         if cfg.max_seconds and time.perf_counter() - run_started > cfg.max_seconds:
             print(f"stopping at step {step}: --max-seconds {cfg.max_seconds:g} reached", flush=True)
+            save_checkpoint()
             break
         started = time.perf_counter()
         for group in optimizer.param_groups:
@@ -259,9 +264,8 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
                 best = {"step": step, "heldout_loss": heldout}
                 _atomic_save({"model": model.state_dict(), **best}, best_path)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
+            save_checkpoint()
     bar.close()
-    _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
     if best["step"] is not None:  # early stopping: export the weights with the lowest held-out loss
         model.load_state_dict(torch.load(best_path, weights_only=False, map_location=device)["model"])
     model.eval().cpu()
