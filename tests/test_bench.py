@@ -135,10 +135,42 @@ def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
     import torch
 
     from verispec.drafters.ngram import PromptLookupDrafter
-    from verispec.planner import _lookup_probs
+    from verispec.planner import _lookup, lookup_matched
 
-    q = _lookup_probs(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4, 9, "cpu")  # prefixes ..5 / ..5 6 / ..5 6 7
-    assert torch.equal(q.argmax(-1), torch.tensor([6, 7, 5])) and torch.equal(q.sum(-1), torch.ones(3))
+    proposals, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4)  # prefixes ..5 / ..5 6 / ..5 6 7
+    assert proposals.tolist() == [6, 7, 5] and found.tolist() == [True, True, True]
+    _, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 8, 6, 1], 1)  # ..5 (none) ..5 6 (none) ..7 (none) ..8 (none) ..8 6
+    assert found.tolist() == [False, False, False, False, True]
+    masks = lookup_matched(PromptLookupDrafter(), [[5, 6, 7, 8, 6, 1]], [1])
+    assert [m.tolist() for m in masks] == [found.tolist()]
+
+
+def test_position_alphas_count_only_the_blocks_that_start_where_the_drafter_proposes():
+    import torch
+
+    from verispec.planner import position_alphas
+
+    betas = [torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64)]
+    starts = [torch.tensor([False, True, False, True, True, True])]
+    # alpha_1 over starts 1, 3, 4, 5 (beta 1 each); blocks of two from 1, 3, 4: products 0, 1, 1
+    assert position_alphas(betas, 2, starts) == pytest.approx([1.0, 2 / 3])
+    assert position_alphas(betas, 1) == pytest.approx([4 / 6])
+
+
+def test_plan_weighs_positions_without_a_match_as_plain_passes(pair):
+    from verispec.config import SamplingParams
+    from verispec.drafters.ngram import PromptLookupDrafter
+    from verispec.planner import plan
+    from verispec.theory import mixed_speedup
+
+    _, _, target, _ = pair
+    report = plan(target, {"ngram": PromptLookupDrafter()}, [[1, 2, 3], [9, 8]], SamplingParams(temperature=0, max_new_tokens=12), k_max=3)
+    (lookup,) = report["candidates"]
+    share, alphas, r = lookup["proposal_share"], lookup["alpha_by_position"], lookup["r"]
+    assert 0.0 < share < 1.0 and lookup["predicted_speedup"][0] == 1.0
+    for k in (1, 2, 3):
+        expected = mixed_speedup(alphas[:k], 0.0, r, [1.0 - share] + [0.0] * (k - 1) + [share])
+        assert lookup["predicted_speedup"][k] == pytest.approx(expected)
 
 
 def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys):

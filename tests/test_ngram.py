@@ -7,6 +7,8 @@
 - Exactness through the engine: the joint distribution of a 3-token continuation of the order-2
   Markov toy (V = 5) under a prompt with repeats, chi-square at a 1e-9 false-failure rate, k in
   {1, 2, 4}; greedy output equals plain greedy with a tiny float32 Llama, batch 1 and ragged 4.
+- Prediction: with the shares of passes that proposed nothing (no match), the refined model's
+  tokens per pass equal the measured mean.
 - Usefulness: on a target that copies a cycle present in the prompt, acceptance >= 0.8.
 - Negative control: the n-gram proposal declared with a uniform q (instead of one-hot) fails.
 """
@@ -231,3 +233,23 @@ def test_acceptance_is_high_when_the_target_repeats_the_prompt(temperature):
     assert all(len(row) == 48 for row in outputs)
     assert stats.alpha_hat >= 0.8, stats.summary()
     assert stats.mean_tokens_per_pass >= 5.0, stats.summary()  # of at most k + 1 = 7
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_passes_without_a_match_enter_the_predicted_tokens_per_pass(temperature):
+    """Batch 1, the copy target from the start of its cycle: no match until the cycle comes
+    round, a plain pass each step. With the measured shares of passes that propose 0 and k
+    tokens, the refined model's expected tokens per pass is the measured mean (an identity of
+    the counts); E_k alone, as if every pass proposed k tokens, overstates it."""
+    from verispec.theory import expected_tokens_per_position, mixed_speedup
+
+    stats, k = SpecStats(), 4
+    params = SamplingParams(temperature=temperature, seed=2, max_new_tokens=40)
+    generate_all(copy_target(), [CYCLE_ORDER[:2]], params, PromptLookupDrafter(), k=k, stats=stats)
+    shares, alphas = stats.proposal_length_shares, stats.acceptance_by_position
+    assert len(shares) == k + 1 and shares[0] > 0 and shares[k] > 0 and sum(shares[1:k]) == 0, shares
+    assert shares[0] == (stats.target_passes - stats.proposed // k) / stats.target_passes
+    mixed = sum(w * expected_tokens_per_position(alphas[:j]) for j, w in enumerate(shares))
+    assert mixed == pytest.approx(stats.mean_tokens_per_pass, rel=1e-12)
+    assert mixed_speedup(alphas, 0.0, [1.0] * (k + 1), shares) == pytest.approx(mixed, rel=1e-12)  # free draft, r = 1
+    assert expected_tokens_per_position(alphas) > stats.mean_tokens_per_pass * 1.05  # the old prediction

@@ -24,6 +24,7 @@ from verispec.theory import (
     acceptance_rate,
     expected_tokens,
     expected_tokens_per_position,
+    mixed_speedup,
     optimal_k,
     refined_optimal_k,
     refined_speedup,
@@ -277,6 +278,23 @@ def test_refined_model_reduces_to_the_closed_form(alpha, k, c):
 
 
 @PROPERTY
+@given(alpha_lists, cost_ratios, st.data())
+def test_mixed_speedup_with_every_pass_proposing_k_is_the_refined_model(alphas, c, data):
+    r = data.draw(cost_curves(len(alphas) + 1))
+    k = len(alphas)
+    assert mixed_speedup(alphas, c, r, [0.0] * k + [1.0]) == refined_speedup(alphas, c, r)
+    assert mixed_speedup(alphas, c, r, [1.0] + [0.0] * k) == 1.0  # never proposing: plain decoding
+
+
+def test_mixed_speedup_is_expected_tokens_over_expected_cost_per_pass():
+    # a quarter of passes propose nothing (1 token, cost 1); the rest propose 2 tokens:
+    # E = 1 + 0.5 + 0.5 * 0.8 = 1.9 tokens at cost 2 * 0.1 + 1.2 = 1.4
+    tokens, cost = Fraction(1, 4) + Fraction(3, 4) * Fraction(19, 10), Fraction(1, 4) + Fraction(3, 4) * Fraction(14, 10)
+    assert mixed_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2], [0.25, 0.0, 0.75]) == pytest.approx(float(tokens / cost), rel=1e-14)
+    assert float(tokens / cost) < refined_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2])  # ignoring plain passes overstates S
+
+
+@PROPERTY
 @given(alpha_lists)
 def test_expected_tokens_per_position_is_the_exact_expectation(alphas):
     expected = expected_tokens_per_position(alphas)
@@ -396,6 +414,9 @@ BAD_CALLS = [
     ("r", lambda: refined_speedup([0.5], 0.1, [2.0, 2.0])),
     ("r", lambda: refined_optimal_k([0.5], 0.1, lambda n: 0.5 * n)),
     ("r", lambda: refined_speedup([0.5], 0.1, lambda n: 1.0 if n == 1 else -1.0)),
+    ("shares", lambda: mixed_speedup([0.5], 0.1, [1.0, 1.0], [1.0])),
+    ("shares", lambda: mixed_speedup([0.5], 0.1, [1.0, 1.0], [0.6, 0.6])),
+    ("shares", lambda: mixed_speedup([0.5], 0.1, [1.0, 1.0], [-0.5, 1.5])),
 ]
 
 

@@ -5,7 +5,8 @@ each draft length k is measured as a pair, plain then speculative, over the whol
 set (batch 1 per prompt, as a user runs it), so that machine drift lands on both sides of a
 ratio. A run's speed-up is the median of its per-pair ratios, with the min and max as its
 spread; the predicted speed-up comes from the refined model (theory.py) with the run's own
-per-position beta and the profiler's c and r(n). Greedy runs also check that the speculative
+per-position beta, its share of passes that proposed fewer than k tokens (prompt lookup with
+no match: a plain pass), and the profiler's c and r(n). Greedy runs also check that the speculative
 tokens equal the plain ones. Knows nothing of text.
 """
 
@@ -28,7 +29,7 @@ from .engine import generate_all
 from .models.quantize import weight_bytes
 from .profiler import profile_costs
 from .stats import SpecStats
-from .theory import refined_speedup
+from .theory import mixed_speedup
 
 RUN_FIELDS = (
     "k", "temperature", "tokens_per_s_baseline", "tokens_per_s_speculative", "speedup", "speedup_min", "speedup_max",
@@ -116,8 +117,9 @@ def run_bench(
             }
             if k != "auto":
                 tokens = stats_all.generated_tokens / repeats
+                shares = (stats_all.proposal_length_shares + [0.0] * (k + 1))[: k + 1]  # passes proposing 0..k tokens
                 run["predicted_speedup"] = _predicted_with_prefill(
-                    refined_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r), tokens * profile.target_s[0],
+                    mixed_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r, shares), tokens * profile.target_s[0],
                     statistics.median(prefill_plain), statistics.median(prefill_spec),
                 )
             runs.append(run)

@@ -239,7 +239,8 @@ def _plan(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
     report = plan(target, drafts, prompts, params, args.k_max)
     for candidate in report["candidates"]:
-        print(f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f} -> {candidate['advice']}")
+        share = "" if candidate["proposal_share"] == 1.0 else f", proposes at {candidate['proposal_share']:.0%} of positions"
+        print(f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f}{share} -> {candidate['advice']}")
         print("  alpha by position: " + " ".join(f"{a:.2f}" for a in candidate["alpha_by_position"]))
         print("  predicted speed-up: " + " ".join(f"k={k}:{s:.2f}" for k, s in enumerate(candidate["predicted_speedup"])))
     if args.json:

@@ -11,7 +11,10 @@ and r(n) it predicts S(k) for every k and recommends the best, or k = 0: do not 
 
 A candidate is a draft model or a drafter: a ModelDrafter (early exit included) is scored
 through its model; prompt lookup through its first proposal after every true prefix (q
-one-hot), whose cost is counted as zero (c = 0: a lookup runs no model).
+one-hot), whose cost is counted as zero (c = 0: a lookup runs no model). Where no n-gram
+matches, prompt lookup proposes nothing and the engine runs a plain pass: its alphas come
+from the blocks that start at a match, and S(k) weighs plain passes by the share of
+positions without one (theory.mixed_speedup).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
 from .profiler import profile_costs
 from .sampling import process_logits
-from .theory import refined_speedup
+from .theory import mixed_speedup, refined_speedup
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:
@@ -36,12 +39,18 @@ def draft_model_of(candidate) -> torch.nn.Module | None:
     return getattr(candidate, "model", None)
 
 
-def _lookup_probs(drafter: PromptLookupDrafter, sequence: list[int], start: int, vocab_size: int, device) -> torch.Tensor:
-    """One-hot q [T, V] at prompt lookup's first proposal after each prefix sequence[:t], t = start..end-1."""
+def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt lookup's first proposal [T] after each prefix sequence[:t], t = start..end-1, and
+    whether it came from a match [T] bool (else it is padding, and the engine would not draft)."""
     prefixes = [sequence[:t] for t in range(start, len(sequence))]
     drafter.start(prefixes, len(sequence))
-    proposals, _ = drafter.lookup(1)  # [T, 1] (padded where a prefix has no match)
-    return torch.nn.functional.one_hot(proposals[:, 0].to(device), vocab_size).float()
+    proposals, found = drafter.lookup(1)  # [T, 1], [T]
+    return proposals[:, 0], found
+
+
+def lookup_matched(drafter: PromptLookupDrafter, sequences: Sequence[Sequence[int]], starts: Sequence[int]) -> list[torch.Tensor]:
+    """Per sequence, [T_b] bool: whether prompt lookup finds a match at each continuation position."""
+    return [_lookup(drafter, list(sequence), start)[1].cpu() for sequence, start in zip(sequences, starts)]
 
 
 @torch.no_grad()
@@ -60,16 +69,20 @@ def teacher_forced_beta(
         if model is not None:
             q = process_logits(model(ids)[0, start - 1 : -1], params)
         else:
-            q = _lookup_probs(draft, list(sequence), start, p.shape[-1], p.device)
+            q = torch.nn.functional.one_hot(_lookup(draft, list(sequence), start)[0].to(p.device), p.shape[-1]).float()
         betas.append(torch.minimum(p, q).sum(dim=-1).double().cpu())
     return betas
 
 
-def position_alphas(betas: Sequence[torch.Tensor], k_max: int) -> list[float]:
-    """alpha_1..alpha_k_max from per-position beta: ratios of mean block-acceptance products."""
+def position_alphas(betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None) -> list[float]:
+    """alpha_1..alpha_k_max from per-position beta: ratios of mean block-acceptance products,
+    over every block start t, or over those where block_starts[b][t] is True."""
     products = []  # products[i] = mean over t of prod_{j<=i} beta_{t+j}
     for i in range(k_max):
-        values = [torch.stack([b[j : len(b) - i + j] for j in range(i + 1)]).prod(dim=0) for b in betas if len(b) > i]
+        values = [
+            torch.stack([b[j : len(b) - i + j] for j in range(i + 1)]).prod(dim=0)[block_starts[n][: len(b) - i] if block_starts else slice(None)]
+            for n, b in enumerate(betas) if len(b) > i
+        ]
         values = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
         products.append(float(values.mean()) if len(values) else float("nan"))
     alphas, before = [], 1.0
@@ -96,15 +109,22 @@ def plan(
     context = round(sum(map(len, sequences)) / len(sequences))
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     for name, draft in drafts.items():
-        betas = teacher_forced_beta(target, draft, sequences, [len(p) for p in prompts], params)
-        alphas = position_alphas(betas, k_max)
+        starts = [len(p) for p in prompts]
+        betas = teacher_forced_beta(target, draft, sequences, starts, params)
+        matched = lookup_matched(draft, sequences, starts) if isinstance(draft, PromptLookupDrafter) else None
+        alphas = position_alphas(betas, k_max, matched)
         profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         c = profile.c or 0.0  # None: no draft model (prompt lookup)
-        predicted = [refined_speedup(alphas[:k], c, profile.r) for k in range(k_max + 1)]
+        if matched is None:
+            share = 1.0
+            predicted = [refined_speedup(alphas[:k], c, profile.r) for k in range(k_max + 1)]
+        else:  # a position without a match is a plain pass
+            share = float(torch.cat(matched).double().mean())
+            predicted = [1.0] + [mixed_speedup(alphas[:k], c, profile.r, [1.0 - share] + [0.0] * (k - 1) + [share]) for k in range(1, k_max + 1)]
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
         report["candidates"].append({
             "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": c,
-            "r": list(profile.r), "predicted_speedup": predicted, "recommended_k": best,
+            "r": list(profile.r), "proposal_share": share, "predicted_speedup": predicted, "recommended_k": best,
             "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
         })
     return report

@@ -57,6 +57,14 @@ class RequestStats:
         return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property
+    def proposal_length_shares(self) -> list[float]:
+        """w_j = the share of target passes that verified j proposals, j = 0..longest (theory.mixed_speedup)."""
+        if not self.target_passes:
+            return []
+        at_least = [self.target_passes, *self.proposed_by_position, 0]  # at_least[j]: passes with >= j proposals
+        return [(at_least[j] - at_least[j + 1]) / self.target_passes for j in range(len(at_least) - 1)]
+
+    @property
     def beta(self) -> float:
         verified = sum(self.verified_by_position)
         return sum(self.beta_sum_by_position) / verified if verified else float("nan")

@@ -9,7 +9,8 @@ Owns the arithmetic that predicts how fast speculation is, and which draft lengt
 - the refined model, as measured: per-position conditional acceptance alpha_1..alpha_k and a
   verification-cost curve r(n) = t_target(n) / t_target(1) (`verification_cost_curve`):
   S(k) = (1 + sum_{i<=k} prod_{j<=i} alpha_j) / (k*c + r(k+1))
-  (`expected_tokens_per_position`, `refined_speedup`, `refined_optimal_k`, `CostModel`).
+  (`expected_tokens_per_position`, `refined_speedup`, `refined_optimal_k`, `CostModel`);
+  `mixed_speedup` when some passes propose fewer than k tokens.
 E counts the recovered or bonus token, so it lies in 1..k+1. k = 0 is plain decoding, S = 1.
 S < 1 is the model's way of saying "back off": alpha low, c large, or r(n) growing like n
 (compute-bound verification, large batches).
@@ -157,6 +158,27 @@ def refined_speedup(alphas: Sequence[float], c: float, r: CostCurve) -> float:
     alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
     k = len(alphas)
     return _tokens_per_pass(alphas) / (k * c + _cost(curve, k + 1))
+
+
+def mixed_speedup(alphas: Sequence[float], c: float, r: CostCurve, shares: Sequence[float]) -> float:
+    """S = sum_j w_j E_j / sum_j w_j (j*c + r(j+1)), j = 0..k, k = len(alphas), w = shares.
+
+    For a drafter that proposes fewer than k tokens on some passes (prompt lookup proposes
+    nothing when no n-gram matches): w_j is the share of passes that propose j tokens, and
+    E_j = 1 + sum_{i<=j} prod_{l<=i} alpha_l. The ratio of expected tokens to expected cost
+    per pass is the long-run rate (renewal-reward). shares must hold k+1 values in [0, 1]
+    summing to 1 (within 1e-6); all on j = k gives refined_speedup, bit for bit.
+    """
+    alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
+    weights = _reals("shares", shares)
+    _check(len(weights) == len(alphas) + 1, "shares", shares, f"k+1 = {len(alphas) + 1} values (j = 0..k)")
+    _check(all(0.0 <= w <= 1.0 for w in weights) and abs(sum(weights) - 1.0) <= 1e-6, "shares", shares, "values in [0, 1] summing to 1")
+    tokens = cost = 0.0
+    for j, weight in enumerate(weights):
+        if weight:
+            tokens += weight * _tokens_per_pass(alphas[:j])
+            cost += weight * (j * c + _cost(curve, j + 1))
+    return tokens / cost
 
 
 def refined_optimal_k(
