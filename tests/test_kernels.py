@@ -1,4 +1,5 @@
-"""The skinny CPU kernel: the same numbers as torch's linear for 1..8 rows, and a safe fallback."""
+"""The skinny CPU kernel: the same numbers as torch's linear for 1..16 rows (one or two groups
+of <= 8), and a safe fallback."""
 
 import pytest
 import torch
@@ -12,9 +13,10 @@ def test_kernel_loads_on_this_machine():
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("no AVX2")
     assert kernels.kernel_status() == "skinny kernel loaded"
+    assert kernels._kernel.MAX_ROWS == kernels.MAX_ROWS
 
 
-@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("rows", range(1, 17))
 @pytest.mark.parametrize("k_dim, n_dim", [(64, 96), (67, 5), (768, 2048), (7, 3)])
 def test_skinny_matches_linear(rows, k_dim, n_dim):
     generator = torch.Generator().manual_seed(rows * 1000 + k_dim)
@@ -28,11 +30,11 @@ def test_skinny_matches_linear(rows, k_dim, n_dim):
 
 
 def test_batched_shapes_and_fallbacks():
-    x = torch.randn(2, 3, 16)  # 6 rows through the kernel, reshaped back
+    x = torch.randn(2, 5, 16)  # 10 rows through the kernel, reshaped back
     w = torch.randn(10, 16)
     with torch.no_grad():
         assert torch.allclose(kernels.linear(x, w), F.linear(x, w), atol=1e-5)
-        big = torch.randn(3, 4, 16)  # 12 rows: torch's linear
+        big = torch.randn(3, 6, 16)  # 18 rows: torch's linear
         assert torch.equal(kernels.linear(big, w), F.linear(big, w))
         bf16 = x.bfloat16()
         assert torch.equal(kernels.linear(bf16, w.bfloat16()), F.linear(bf16, w.bfloat16()))

@@ -30,7 +30,7 @@ def test_round_to_nearest_error_is_at_most_half_a_step():
 
 
 @pytest.mark.parametrize("bits, group", [(8, 64), (4, 32), (4, 64), (4, 128)])
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 11])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 11, 16, 17])
 def test_kernels_match_the_dequantised_weight(bits, group, rows):
     layer = torch.nn.Linear(256, 48, bias=True)
     quant = QuantLinear.from_linear(layer, bits, group)

@@ -1,8 +1,9 @@
-"""CPU kernels for decoding: a "skinny" matrix product for 1..8 rows (csrc/skinny_linear.cpp).
+"""CPU kernels for decoding: a "skinny" matrix product for 1..16 rows (csrc/skinny_linear.cpp).
 
 Owns `linear(x, weight, bias)`, which the model's projections call. It sends float32
-inference with at most 8 rows on an AVX2 CPU to the skinny kernel (every weight read once,
-used by all rows, so verifying k+1 <= 8 positions costs about one decoding pass), and
+inference with at most 16 rows on an AVX2 CPU to the skinny kernel (every weight read once,
+used by all rows, so verifying k+1 <= 8 positions costs about one decoding pass, and 9..16
+rows, larger k or a batch, well under torch's small-M path), and
 everything else (training, prefill, other dtypes and devices) to `torch.nn.functional.linear`.
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and
 ninja; about a minute, then cached). Where that fails, or VERISPEC_KERNELS=0, the fallback
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 8
+MAX_ROWS = 16  # the kernel's own limit (csrc: MAX_ROWS)
 _NAME = "verispec_skinny_linear"
 _kernel = None
 _status = "not loaded"

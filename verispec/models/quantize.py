@@ -6,7 +6,7 @@ Owns the formats and `QuantLinear`:
   symmetric, round-to-nearest), packed two to a byte: within every 16 weights, byte j holds
   weight j in its low nibble and weight j+8 in its high nibble, each stored as q + 8.
 The forward pass reads the packed weights (csrc/skinny_linear.cpp dequantises them in
-registers for 1..8 rows), so a decoding pass moves 4x (int8) or about 7x (int4) fewer weight
+registers for 1..16 rows), so a decoding pass moves 4x (int8) or about 7x (int4) fewer weight
 bytes than float32. The decoder layers take the chosen format; the output head is int8 by
 default (the largest single matrix of a small-vocabulary model's pass); the embedding table
 stays float (one row per token). Other shapes dequantise on the fly (correct, not fast). A quantized model
