@@ -132,17 +132,13 @@ def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
 
 
 def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
-    import torch
-
     from verispec.drafters.ngram import PromptLookupDrafter
-    from verispec.planner import _lookup, lookup_matched
+    from verispec.planner import _lookup
 
-    proposals, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4)  # prefixes ..5 / ..5 6 / ..5 6 7
-    assert proposals.tolist() == [6, 7, 5] and found.tolist() == [True, True, True]
-    _, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 8, 6, 1], 1)  # ..5 (none) ..5 6 (none) ..7 (none) ..8 (none) ..8 6
+    proposals, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4, 2)  # prefixes ..5 / ..5 6 / ..5 6 7
+    assert proposals.tolist() == [[6, 7], [7, 5], [5, 6]] and found.tolist() == [True, True, True]
+    _, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 8, 6, 1], 1, 1)  # ..5 (none) ..5 6 ..7 ..8 (none) ..8 6
     assert found.tolist() == [False, False, False, False, True]
-    masks = lookup_matched(PromptLookupDrafter(), [[5, 6, 7, 8, 6, 1]], [1])
-    assert [m.tolist() for m in masks] == [found.tolist()]
 
 
 def test_position_alphas_count_only_the_blocks_that_start_where_the_drafter_proposes():
@@ -157,20 +153,44 @@ def test_position_alphas_count_only_the_blocks_that_start_where_the_drafter_prop
     assert position_alphas(betas, 1) == pytest.approx([4 / 6])
 
 
-def test_plan_weighs_positions_without_a_match_as_plain_passes(pair):
+def test_replay_cost_by_hand():
+    import torch
+
+    from verispec.planner import replay_cost
+
+    # T = 3, k = 1: from 0 the proposal is accepted with probability 0.5 (on to 2, else to 1);
+    # no proposal at 1 (a plain pass); from 2, accepted or not, the end. Costs: r(2) = 1.5.
+    beta, proposes = torch.tensor([[0.5], [1.0], [1.0]], dtype=torch.float64), torch.tensor([True, False, True])
+    cost_2, cost_1 = 1.5, 1.0 + 1.5
+    assert replay_cost(beta, proposes, 1, 0.0, [1.0, 1.5]) == pytest.approx(1.5 + 0.5 * cost_2 + 0.5 * cost_1)
+    assert replay_cost(beta, proposes, 0, 0.0, [1.0, 1.5]) == 3.0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
+    """Greedy: beta is 0 or 1, so the replay's cost with c = 0 and r = 1 is the number of
+    target passes the engine makes on the same continuation, for a draft model and for
+    prompt lookup (whose blocks start after rejections, not at every position)."""
     from verispec.config import SamplingParams
     from verispec.drafters.ngram import PromptLookupDrafter
-    from verispec.planner import plan
-    from verispec.theory import mixed_speedup
+    from verispec.engine import generate_all
+    from verispec.planner import replay_cost, teacher_forced_blocks
+    from verispec.stats import SpecStats
 
-    _, _, target, _ = pair
-    report = plan(target, {"ngram": PromptLookupDrafter()}, [[1, 2, 3], [9, 8]], SamplingParams(temperature=0, max_new_tokens=12), k_max=3)
-    (lookup,) = report["candidates"]
-    share, alphas, r = lookup["proposal_share"], lookup["alpha_by_position"], lookup["r"]
-    assert 0.0 < share < 1.0 and lookup["predicted_speedup"][0] == 1.0
-    for k in (1, 2, 3):
-        expected = mixed_speedup(alphas[:k], 0.0, r, [1.0 - share] + [0.0] * (k - 1) + [share])
-        assert lookup["predicted_speedup"][k] == pytest.approx(expected)
+    _, _, target, draft = pair
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    prompts = [[1, 2, 3, 1, 2], [9, 8, 7], [4, 4, 4, 4]]
+    sequences = [p + c for p, c in zip(prompts, generate_all(target, prompts, params))]
+    for candidate in (draft, PromptLookupDrafter()):
+        blocks = teacher_forced_blocks(target, candidate, sequences, [len(p) for p in prompts], params, k)
+        passes = []
+        for prompt in prompts:
+            stats = SpecStats()
+            drafter = candidate if isinstance(candidate, PromptLookupDrafter) else ModelDrafter(candidate)
+            generate_all(target, [prompt], params, drafter, k=k, stats=stats)
+            passes.append(stats.target_passes)
+        assert [replay_cost(beta, flags, k, 0.0, [1.0] * (k + 1)) for beta, flags in blocks] == pytest.approx(passes)
+        assert min(passes) < 40  # something was accepted
 
 
 def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys):

@@ -1,20 +1,24 @@
 """The advisor behind `verispec plan`: should you speculate, with which draft, and with which k?
 
-Owns the teacher-forced acceptance estimate and the recommendation. No decoding loop runs
-with a draft: the target continues each prompt once, then the target and each draft score
-the whole sequence in one pass each. At every continuation position t this gives
-beta_t = sum_x min(p_t(x), q_t(x)). A block that starts at t accepts its first i proposals
-with probability prod_{j<i} beta_{t+j} (drafts of accepted tokens follow the committed text),
-so the mean of that product over t estimates alpha_1 * ... * alpha_i, and the ratios of
-successive products the per-position alpha_i of the refined model. With the profiler's c
-and r(n) it predicts S(k) for every k and recommends the best, or k = 0: do not speculate.
+Owns the teacher-forced acceptance estimate, the replay that predicts S(k), and the
+recommendation. No decoding loop runs with a draft: the target continues each prompt once,
+then the target and each draft score the whole sequence in one pass each. For a block of
+proposals that starts at continuation position t this gives beta[t, j], the probability
+that its j-th proposal is accepted once those before it were: sum_x min(p_{t+j}(x), q(x)).
+A draft model's q is its distribution after the true prefix (drafts of accepted tokens
+follow the committed text); prompt lookup's q is one-hot at the j-th token it proposes from
+sequence[:t], and where no n-gram matches it proposes nothing (the engine's plain pass).
 
-A candidate is a draft model or a drafter: a ModelDrafter (early exit included) is scored
-through its model; prompt lookup through its first proposal after every true prefix (q
-one-hot), whose cost is counted as zero (c = 0: a lookup runs no model). Where no n-gram
-matches, prompt lookup proposes nothing and the engine runs a plain pass: its alphas come
-from the blocks that start at a match, and S(k) weighs plain passes by the share of
-positions without one (theory.mixed_speedup).
+S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i
+proposals with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at
+t + i + 1. The expected cost of covering the continuation (k*c + r(k+1) per drafting pass,
+r(1) per plain one, from the profiler) is summed backwards from its end, and S(k) = tokens /
+cost. Greedy (beta in {0, 1}) makes it the engine's own count of passes on that
+continuation. Blocks start where the last one stopped, after a rejection more often than at
+a random position, which a mean of beta over every position misses (it overstated prompt
+lookup by 1.5-2x). The per-position alpha_i that `plan` reports are that mean (block
+acceptance products over every start where the drafter proposes, and their ratios), for
+reading; the prediction and the recommendation come from the replay.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
 from .profiler import profile_costs
 from .sampling import process_logits
-from .theory import mixed_speedup, refined_speedup
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:
@@ -39,39 +42,60 @@ def draft_model_of(candidate) -> torch.nn.Module | None:
     return getattr(candidate, "model", None)
 
 
-def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt lookup's first proposal [T] after each prefix sequence[:t], t = start..end-1, and
+def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt lookup's proposal [T, k] from each prefix sequence[:t], t = start..end-1, and
     whether it came from a match [T] bool (else it is padding, and the engine would not draft)."""
     prefixes = [sequence[:t] for t in range(start, len(sequence))]
     drafter.start(prefixes, len(sequence))
-    proposals, found = drafter.lookup(1)  # [T, 1], [T]
-    return proposals[:, 0], found
-
-
-def lookup_matched(drafter: PromptLookupDrafter, sequences: Sequence[Sequence[int]], starts: Sequence[int]) -> list[torch.Tensor]:
-    """Per sequence, [T_b] bool: whether prompt lookup finds a match at each continuation position."""
-    return [_lookup(drafter, list(sequence), start)[1].cpu() for sequence, start in zip(sequences, starts)]
+    return drafter.lookup(k)
 
 
 @torch.no_grad()
-def teacher_forced_beta(
-    target: torch.nn.Module, draft, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams
-) -> list[torch.Tensor]:
-    """beta_t for the positions that predict sequence[starts[b]:], one [T_b] tensor per sequence.
-    `draft` is a causal LM, a ModelDrafter or a PromptLookupDrafter."""
+def teacher_forced_blocks(
+    target: torch.nn.Module, draft, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams, k_max: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence, for the positions that predict sequence[starts[b]:]: beta [T, k_max] float64
+    (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
+    proposes [T] bool. `draft` is a causal LM, a ModelDrafter or a PromptLookupDrafter."""
     model = draft_model_of(draft)
     if model is None and not isinstance(draft, PromptLookupDrafter):
         raise ValueError(f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter or a PromptLookupDrafter")
-    betas = []
+    blocks = []
     for sequence, start in zip(sequences, starts):
         ids = torch.tensor([list(sequence)], device=target.device)
         p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
+        length = p.shape[0]
+        at = torch.arange(length)[:, None] + torch.arange(k_max)  # [T, k_max]: position of proposal j from t
         if model is not None:
             q = process_logits(model(ids)[0, start - 1 : -1], params)
+            per_position = torch.minimum(p, q.to(p.dtype)).sum(dim=-1).double().cpu()  # [T]
+            beta = per_position[at.clamp(max=length - 1)]
+            proposes = torch.ones(length, dtype=torch.bool)
         else:
-            q = torch.nn.functional.one_hot(_lookup(draft, list(sequence), start)[0].to(p.device), p.shape[-1]).float()
-        betas.append(torch.minimum(p, q).sum(dim=-1).double().cpu())
-    return betas
+            proposals, proposes = _lookup(draft, list(sequence), start, k_max)  # [T, k_max], [T]
+            beta = p[at.clamp(max=length - 1).to(p.device), proposals.to(p.device)].double().cpu()
+        blocks.append((torch.where(at < length, beta, 0.0), proposes.cpu()))
+    return blocks
+
+
+def replay_cost(beta: torch.Tensor, proposes: torch.Tensor, k: int, c: float, r: Sequence[float]) -> float:
+    """Expected cost of producing the T tokens of one continuation with draft length k, in units
+    of a plain pass: k*c + r(k+1) per drafting pass, r(1) where the drafter proposes nothing,
+    blocks replayed as the engine runs them. beta [T, >= k], proposes [T]; r[n-1] = r(n)."""
+    length = beta.shape[0]
+    rows, flags = beta[:, :k].tolist(), proposes.tolist()
+    cost = [0.0] * (length + 1)  # cost[t]: expected cost from continuation position t to the end
+    for t in range(length - 1, -1, -1):
+        if k == 0 or not flags[t]:
+            cost[t] = r[0] + cost[t + 1]
+            continue
+        total, reach = k * c + r[k], 1.0  # reach = P(the first i proposals are accepted)
+        for i in range(k + 1):
+            stop = reach * (1.0 - rows[t][i]) if i < k else reach  # P(exactly i accepted)
+            total += stop * cost[min(t + i + 1, length)]
+            reach = reach * rows[t][i] if i < k else reach
+        cost[t] = total
+    return cost[0]
 
 
 def position_alphas(betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None) -> list[float]:
@@ -102,25 +126,21 @@ def plan(
     params: SamplingParams,
     k_max: int = 8,
 ) -> dict:
-    """Per draft (a model or a drafter): alpha per position, c, predicted S(k) for k = 0..k_max,
-    the recommended k."""
+    """Per draft (a model or a drafter): alpha per position, c, the share of positions where it
+    proposes, predicted S(k) for k = 0..k_max (the replay), the recommended k."""
     continuations = generate_all(target, prompts, params)
     sequences = [list(p) + c for p, c in zip(prompts, continuations)]
     context = round(sum(map(len, sequences)) / len(sequences))
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     for name, draft in drafts.items():
-        starts = [len(p) for p in prompts]
-        betas = teacher_forced_beta(target, draft, sequences, starts, params)
-        matched = lookup_matched(draft, sequences, starts) if isinstance(draft, PromptLookupDrafter) else None
-        alphas = position_alphas(betas, k_max, matched)
+        blocks = teacher_forced_blocks(target, draft, sequences, [len(p) for p in prompts], params, k_max)
+        betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
+        alphas = position_alphas(betas, k_max, proposes)
         profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         c = profile.c or 0.0  # None: no draft model (prompt lookup)
-        if matched is None:
-            share = 1.0
-            predicted = [refined_speedup(alphas[:k], c, profile.r) for k in range(k_max + 1)]
-        else:  # a position without a match is a plain pass
-            share = float(torch.cat(matched).double().mean())
-            predicted = [1.0] + [mixed_speedup(alphas[:k], c, profile.r, [1.0 - share] + [0.0] * (k - 1) + [share]) for k in range(1, k_max + 1)]
+        tokens = sum(len(flags) for flags in proposes)
+        predicted = [tokens / sum(replay_cost(beta, flags, k, c, profile.r) for beta, flags in blocks) for k in range(k_max + 1)]
+        share = float(torch.cat(proposes).double().mean())
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
         report["candidates"].append({
             "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": c,
