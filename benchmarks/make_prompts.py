@@ -6,6 +6,10 @@
   header of the same function renamed; the continuation is mostly text already in the prompt
   (the prompt-lookup workload).
 
+Prompts end at the end of a line, without its newline: byte-level BPE joins a newline with
+the next line's indentation, so a prompt that ends in "\n" would start the model on a token
+split it never saw in training (it then writes at column 0).
+
 Usage: python benchmarks/make_prompts.py [DATA_DIR] (default runs/data, from `verispec train data`).
 Deterministic: the same corpus and split give the same files.
 """
@@ -50,10 +54,10 @@ def main(data_dir: str = "runs/data", out_dir: str = "benchmarks", count: int = 
     for name, text in candidates:
         lines = text.splitlines()
         if len(general) < count and 6 <= len(lines) and len(text) < 4000:
-            general.append({"prompt": "\n".join(lines[:3]) + "\n"})
+            general.append({"prompt": "\n".join(lines[:3]).rstrip("\n")})
         elif len(editing) < count and 6 <= len(lines) <= 20 and len(text) < 900 and not name.startswith("_"):
             renamed = lines[0].replace(f"def {name}(", f"def {name}_v2(", 1)
-            editing.append({"prompt": f"{text}\n\n\n# The same function with a different name.\n{renamed}\n"})
+            editing.append({"prompt": f"{text}\n\n\n# The same function with a different name.\n{renamed}"})
         if len(general) == count and len(editing) == count:
             break
     for file, rows in (("heldout.jsonl", general), ("editing.jsonl", editing)):

@@ -8,6 +8,7 @@ P=benchmarks/heldout.jsonl; E=benchmarks/editing.jsonl
 mkdir -p "$OUT"
 run() { echo "\$ $*"; "$@" || echo "FAILED: $*"; }
 MAXP=${MAXP:-6}; TOK=${TOK:-48}; REP=${REPEATS:-3}; EE=${EE:-2}  # overridable for a quick dry run
+# PERPLEXITY=0 skips the perplexity runs (they depend on neither the prompts nor the decoding kernel)
 common=(--prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --repeats "$REP")
 
 # derived models: quantized copies of the target, a randomly initialised draft
@@ -23,7 +24,7 @@ save_pretrained(init_weights(LlamaForCausalLM(trained.config), seed=123).eval(),
 print("wrote", sys.argv[2])
 PY
 
-run verispec perplexity --model "$T" --model "$OUT/target-int8" --model "$OUT/target-int4-rtn" --model "$OUT/target-int4-gptq" --model "$D" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity.txt"
+[ "${PERPLEXITY:-1}" = 0 ] || run verispec perplexity --model "$T" --model "$OUT/target-int8" --model "$OUT/target-int4-rtn" --model "$OUT/target-int4-gptq" --model "$D" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity.txt"
 run verispec plan --target "$T" --draft "$D" --draft "$OUT/target-int8" --draft early-exit:$EE --draft ngram --prompts "$P" --max-prompts "$MAXP" --max-new-tokens "$TOK" --json "$OUT/plan_t0.json" | tee "$OUT/plan_t0.txt"
 run verispec bench --target "$T" --draft "$D" "${common[@]}" --k 1,2,3,4,5,6,7,8,auto --temperature 0 --json "$OUT/pair_t0.json" --csv "$OUT/pair_t0.csv" --plot-dir "$OUT/plots_pair_t0" | tee "$OUT/pair_t0.txt"
 run verispec bench --target "$T" --draft "$D" "${common[@]}" --k 2,4,auto --temperature 1 --json "$OUT/pair_t1.json" | tee "$OUT/pair_t1.txt"
@@ -41,4 +42,4 @@ run verispec bench --peer hf --target "$T" --draft ngram --prompts "$E" --max-pr
 # int4 at group 128: round-to-nearest vs GPTQ
 [ -d "$OUT/target-int4-rtn-g128" ] || run verispec quantize --model "$T" --out "$OUT/target-int4-rtn-g128" --bits 4 --group-size 128
 [ -d "$OUT/target-int4-gptq-g128" ] || run verispec quantize --model "$T" --out "$OUT/target-int4-gptq-g128" --bits 4 --group-size 128 --calibration "$DATA"
-run verispec perplexity --model "$T" --model "$OUT/target-int4-rtn-g128" --model "$OUT/target-int4-gptq-g128" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity_g128.txt"
+[ "${PERPLEXITY:-1}" = 0 ] || run verispec perplexity --model "$T" --model "$OUT/target-int4-rtn-g128" --model "$OUT/target-int4-gptq-g128" --data "$DATA" --windows "${WINDOWS:-64}" | tee "$OUT/perplexity_g128.txt"
