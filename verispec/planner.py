@@ -90,11 +90,10 @@ def replay_cost(beta: torch.Tensor, proposes: torch.Tensor, k: int, c: float, r:
             cost[t] = r[0] + cost[t + 1]
             continue
         total, reach = k * c + r[k], 1.0  # reach = P(the first i proposals are accepted)
-        for i in range(k + 1):
-            stop = reach * (1.0 - rows[t][i]) if i < k else reach  # P(exactly i accepted)
-            total += stop * cost[min(t + i + 1, length)]
-            reach = reach * rows[t][i] if i < k else reach
-        cost[t] = total
+        for i in range(k):  # exactly i accepted: the next block starts at t + i + 1
+            total += reach * (1.0 - rows[t][i]) * cost[min(t + i + 1, length)]
+            reach *= rows[t][i]
+        cost[t] = total + reach * cost[min(t + k + 1, length)]  # all k accepted
     return cost[0]
 
 
