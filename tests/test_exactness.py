@@ -137,3 +137,87 @@ def test_negative_control_target_sampled_at_the_wrong_temperature(target, made, 
     params = SamplingParams(temperature=1.0, top_k=4, seed=8, max_new_tokens=TOKENS)  # exact is for 0.8
     counts, _ = joint_counts(target, EarlyExitDrafter(target, 1), params, n=10_000)
     assert not is_distributed_as(counts, exact, are_counts=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp as target and as draft: the same toy models converted to GGUF (f32)
+# ---------------------------------------------------------------------------------------------
+
+LLAMACPP_CHUNK = 256  # llama.cpp runs at most 256 sequences at once: the N draws go in chunks
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory, target):
+    """The target (2 layers) and the model draft (1 layer, seed 12) as GGUF files on llama.cpp."""
+    from verispec.models.checkpoint import save_pretrained
+    from verispec.models.gguf_convert import convert
+    from verispec.models.llamacpp import LlamaCppModel
+
+    directory = tmp_path_factory.mktemp("gguf")
+    models = {}
+    for name, model in (("target", target), ("draft", llama(1, 12))):
+        save_pretrained(model, directory / name)
+        models[name] = LlamaCppModel(convert(directory / name, directory / f"{name}.gguf", "f32"), n_threads=1)
+    return models
+
+
+@pytest.fixture(scope="module")
+def exact_llamacpp(gguf):
+    """The exact joint distribution under the llama.cpp target's own logits (by enumeration)."""
+    params = SamplingParams(**SETTING)
+    probs = np.zeros((VOCAB,) * TOKENS)
+    for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
+        p = process_logits(gguf["target"](torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
+        probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
+    return probs.ravel()
+
+
+def _chunked_counts(target, make_drafter, seed: int, n: int = N):
+    """joint_counts over chunks of LLAMACPP_CHUNK rows, each chunk with its own seed."""
+    counts, stats = np.zeros(VOCAB**TOKENS, dtype=np.int64), SpecStats()
+    for chunk, start in enumerate(range(0, n, LLAMACPP_CHUNK)):
+        params = SamplingParams(**SETTING, seed=seed * 1000 + chunk, max_new_tokens=TOKENS)
+        part, part_stats = joint_counts(target, make_drafter(), params, n=min(LLAMACPP_CHUNK, n - start))
+        counts += part
+        for request in part_stats.requests:
+            stats.add(request)
+    return counts, stats
+
+
+# (target on, drafter): llama.cpp target with a llama.cpp / PyTorch / no-model draft; PyTorch target with a llama.cpp draft
+LLAMACPP_CASES = {
+    "llamacpp-target+llamacpp-draft": ("llamacpp", lambda g, made: ModelDrafter(g["draft"])),
+    "llamacpp-target+torch-draft": ("llamacpp", lambda g, made: ModelDrafter(made.setdefault("model", llama(1, 12)))),
+    "llamacpp-target+ngram": ("llamacpp", lambda g, made: PromptLookupDrafter()),
+    "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LLAMACPP_CASES))
+def test_joint_distribution_is_exact_on_llama_cpp(target, gguf, made, exact, exact_llamacpp, case):
+    on, make = LLAMACPP_CASES[case]
+    model, reference = (gguf["target"], exact_llamacpp) if on == "llamacpp" else (target, exact)
+    counts, stats = _chunked_counts(model, lambda: make(gguf, made), seed=400 + sorted(LLAMACPP_CASES).index(case))
+    assert_distributed_as(counts, reference, are_counts=True, label=f"{case} {SETTING} k=3")
+    assert 0 < stats.accepted < stats.proposed, stats.summary()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("case", sorted(LLAMACPP_CASES))
+def test_greedy_output_equals_plain_greedy_on_llama_cpp(target, gguf, made, plain_greedy, case, k):
+    on, make = LLAMACPP_CASES[case]
+    model = gguf["target"] if on == "llamacpp" else target
+    plain = generate_all(model, GREEDY_PROMPTS, GREEDY) if on == "llamacpp" else plain_greedy
+    stats = SpecStats()
+    assert generate_all(model, GREEDY_PROMPTS, GREEDY, make(gguf, made), k=k, stats=stats) == plain
+    assert stats.proposed > 0
+
+
+def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf, exact_llamacpp):
+    """The llama.cpp target's own distribution is what the test compares with; sampling it at the
+    wrong temperature must fail."""
+    counts = np.zeros(VOCAB**TOKENS, dtype=np.int64)
+    for chunk, start in enumerate(range(0, 10_000, LLAMACPP_CHUNK)):
+        params = SamplingParams(temperature=1.0, top_k=4, seed=9000 + chunk, max_new_tokens=TOKENS)  # exact is for 0.8
+        counts += joint_counts(gguf["target"], ModelDrafter(gguf["draft"]), params, n=min(LLAMACPP_CHUNK, 10_000 - start))[0]
+    assert not is_distributed_as(counts, exact_llamacpp, are_counts=True)

@@ -437,3 +437,31 @@ def test_acceptance_probability_deterministic_drafter_is_p_at_proposal():
     assert beta.shape == (64, 3)
     assert torch.equal(beta, expected)
     assert (beta == 0).any()  # top_k = 5 of 10: some proposals have p = 0
+
+
+@pytest.mark.parametrize("declared_q", ["one-hot", "soft", "none"])
+def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
+    """engine._rule at temperature 0 (verify_greedy on argmax ids, beta = q(argmax)) gives the
+    general rule's output, acceptance count and beta on one-hot p, whatever q is declared."""
+    from verispec.engine import _rule
+
+    generator = torch.Generator().manual_seed(3)
+    batch, k, vocab = 64, 4, 7
+    logits = torch.randn(batch, k + 1, vocab, generator=generator) * 2
+    argmax = logits.argmax(-1)
+    # proposals that often equal the argmax, so every acceptance count 0..k occurs
+    draft = torch.where(torch.rand(batch, k, generator=generator) < 0.7, argmax[:, :k], torch.randint(vocab, (batch, k), generator=generator))
+    if declared_q == "one-hot":
+        q = torch.nn.functional.one_hot(draft, vocab).float()
+    elif declared_q == "soft":  # any q: with one-hot p the outcome never depends on it
+        q = torch.softmax(torch.randn(batch, k, vocab, generator=generator), -1).scatter(-1, draft[..., None], 0.5)
+        q = q / q.sum(-1, keepdim=True)
+    else:
+        q = None
+    params = SamplingParams(temperature=0)
+    output, accepted, beta = _rule(logits, draft, q, params, generator)
+    p = process_logits(logits, params)
+    expected_output, expected_accepted = verify(draft, q, p, generator)
+    assert torch.equal(output, expected_output) and torch.equal(accepted, expected_accepted)
+    assert torch.allclose(beta, acceptance_probability(draft, q, p))
+    assert set(accepted.tolist()) == set(range(k + 1))

@@ -17,7 +17,8 @@ from .config import SamplingParams
 from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
 from .engine import generate
-from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
+from .models.backend import BACKENDS, GGUF_TYPES, load, load_text_tokenizer
+from .models.checkpoint import CheckpointError, load_pretrained, parse_dtype
 from .models.hf import load_model
 from .models.vocab import check_same_tokenizer, match_vocab_size
 from .stats import SpecStats
@@ -42,6 +43,15 @@ def _draft_length(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
 
 
+def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
+                             "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
+    parser.add_argument("--gguf-type", default="f32", choices=GGUF_TYPES,
+                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32)")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: every core this process may use)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verispec", description="Exact speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -62,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
+    _add_backend_arguments(gen)
 
     train = commands.add_parser("train", help="prepare the corpus, pretrain the target, or distil the draft")
     train.add_argument("what", choices=["data", "target", "draft", "export"], help="export: write OUT/model from OUT/checkpoint.pt (a run so far)")
@@ -81,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-seconds", type=float, default=0.0, help="fit the schedule to this many seconds after 60 steps, and stop there at the latest (0 = no limit)")
 
     bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
-    bench.add_argument("--target", required=True, help="target model directory")
-    bench.add_argument("--draft", required=True, help="draft model directory, 'ngram' or 'early-exit:L'")
+    bench.add_argument("--target", help="target model directory or GGUF file (default: the built-in pair's target)")
+    bench.add_argument("--draft", help="draft model directory or GGUF file, 'ngram' or 'early-exit:L' (default: the built-in draft with the built-in target)")
     bench.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     bench.add_argument("--k", default="1,2,4", help="comma-separated draft lengths, 'auto' allowed (default 1,2,4)")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default 0)")
@@ -94,11 +105,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--csv", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
-    bench.add_argument("--peer", choices=["hf"], help="instead: verispec vs transformers' generate (plain, assisted at the first k; prompt lookup with --draft ngram), greedy")
+    bench.add_argument("--peer", choices=["hf", "llamacpp"],
+                       help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; prompt lookup with --draft ngram); "
+                            "llamacpp = verispec on llama.cpp vs llama-cpp-python (plain, prompt lookup) and llama.cpp's own speculative decoding")
+    bench.add_argument("--llama-cpp-bin", help="with --peer llamacpp: a directory holding llama.cpp's llama-speculative-simple (same llama.cpp version)")
+    _add_backend_arguments(bench)
 
     adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use")
-    adv.add_argument("--target", required=True, help="target model directory")
-    adv.add_argument("--draft", required=True, action="append", help="a candidate: draft directory, 'ngram' or 'early-exit:L' (repeatable)")
+    adv.add_argument("--target", help="target model directory or GGUF file (default: the built-in pair's target)")
+    adv.add_argument("--draft", action="append", help="a candidate: draft directory or GGUF file, 'ngram' or 'early-exit:L' (repeatable; default: the built-in draft with the built-in target)")
     adv.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     adv.add_argument("--k-max", type=int, default=8)
     adv.add_argument("--temperature", type=float, default=0.0)
@@ -107,9 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     adv.add_argument("--seed", type=int, default=0)
     adv.add_argument("--dtype", default="float32")
     adv.add_argument("--json", help="write the report here")
+    _add_backend_arguments(adv)
 
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
-    prof.add_argument("--target", required=True, help="target model directory, or a preset name of verispec.train (random weights)")
+    prof.add_argument("--target", help="target model directory or GGUF file, or a preset name of verispec.train (random weights); default: the built-in pair")
     prof.add_argument("--draft", help="draft model directory or preset name")
     prof.add_argument("--k-max", type=int, default=8)
     prof.add_argument("--batch-size", type=int, default=1)
@@ -118,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--dtype", default="float32")
     prof.add_argument("--compare-quantized", action="store_true",
                       help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios")
+    _add_backend_arguments(prof)
 
     quant = commands.add_parser("quantize", help="weight-only int8 (per channel) or int4 (group-wise) copy of a model")
     quant.add_argument("--model", required=True, help="float model directory")
@@ -133,6 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split)")
     ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
+    from .models.gguf_convert import TYPES as GGUF_CONVERT_TYPES  # cheap: gguf itself is imported inside convert()
+
+    conv = commands.add_parser("convert", help="write a Hugging Face model directory as one GGUF file for llama.cpp")
+    conv.add_argument("--model", required=True, help="float model directory (Llama, Mistral or Qwen2; a quantized directory is refused)")
+    conv.add_argument("--out", required=True, help="the .gguf file to write (written whole, then renamed into place)")
+    conv.add_argument("--type", default="f32", choices=GGUF_CONVERT_TYPES,
+                      help="f32 (default: the weights as they are), f16, bf16, q8_0 or q4_0 "
+                           "(matrices whose rows are not whole 32-value blocks stay f16; norms f32)")
+
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
     toy.add_argument("--seed", type=int, default=0)
@@ -140,9 +166,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _drafter(spec: str, dtype, target, target_dir: str):
+def _load(path: str, args: argparse.Namespace, dtype):
+    """A model on the backend --backend names; a fallback of `auto` is said once, on stderr."""
+    model, note = load(path, args.backend, dtype, args.gguf_type, n_threads=args.threads)
+    if note:
+        print(f"verispec: {note}", file=sys.stderr)
+    return model
+
+
+def _target(args: argparse.Namespace, dtype):
+    """The target model and its text tokenizer (a one-line error without one)."""
+    target = _load(args.target, args, dtype)
+    tokenizer = load_text_tokenizer(args.target, target)
+    if tokenizer is None:
+        raise ValueError(f"{args.target}: no tokenizer.json, so text cannot be encoded")
+    return target, tokenizer
+
+
+def _drafter(spec: str, dtype, target, target_dir: str, args: argparse.Namespace):
     """A drafter from --draft: 'ngram' (prompt lookup, no model), 'early-exit:L' (the target's
-    own first L layers) or a model directory (any causal LM; its tokenizer must be the target's)."""
+    own first L layers) or a model (a directory or a GGUF file, on --backend; its vocabulary
+    must be the target's)."""
     if spec == "ngram":
         from .drafters.ngram import PromptLookupDrafter
 
@@ -155,27 +199,31 @@ def _drafter(spec: str, dtype, target, target_dir: str):
         if not layers.isdigit():
             raise ValueError(f"--draft early-exit:L needs a layer count L, got {spec!r}")
         if not isinstance(target, LlamaForCausalLM):
-            raise ValueError(f"--draft {spec}: early exit needs a Llama-family target, {target_dir} is not one")
+            raise ValueError(f"--draft {spec}: early exit needs verispec's PyTorch Llama as the target (a Llama-family directory with --backend torch)")
         return EarlyExitDrafter(target, int(layers))
-    draft = load_model(spec, dtype)
+    draft = _load(spec, args, dtype)
     check_same_tokenizer(target_dir, spec, target.vocab_size, draft.vocab_size)
     return ModelDrafter(match_vocab_size(draft, target.vocab_size))
+
+
+def _default_pair(args: argparse.Namespace) -> None:
+    """No --target: the built-in pair (its draft too, unless --draft says otherwise)."""
+    if args.target is None:
+        from .pair import DRAFT_DIR, TARGET_DIR
+
+        args.target = str(TARGET_DIR)
+        if getattr(args, "draft", None) is None:
+            args.draft = [str(DRAFT_DIR)] if args.command == "plan" else str(DRAFT_DIR)
 
 
 def _generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_text
     if prompt is None:
         return _fail("no prompt: give PROMPT or --prompt TEXT")
-    if args.target is None:  # the built-in pair, shipped inside the package
-        from .pair import DRAFT_DIR, TARGET_DIR
-
-        args.target, args.draft = str(TARGET_DIR), str(DRAFT_DIR) if args.draft is None else args.draft
+    _default_pair(args)
     dtype = parse_dtype(args.dtype)
-    target = load_model(args.target, dtype)
-    tokenizer = load_tokenizer(args.target)
-    if tokenizer is None:
-        return _fail(f"{args.target}: no tokenizer.json, so text cannot be encoded")
-    drafter = None if args.draft is None or args.no_speculation else _drafter(args.draft, dtype, target, args.target)
+    target, tokenizer = _target(args, dtype)
+    drafter = None if args.draft is None or args.no_speculation else _drafter(args.draft, dtype, target, args.target, args)
     eos = target.config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
@@ -186,9 +234,10 @@ def _generate(args: argparse.Namespace) -> int:
     if not prompt_ids:
         return _fail("the prompt encodes to no tokens")
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)  # validated before any work
-    from .models.kernels import kernel_status
+    if isinstance(target, torch.nn.Module):
+        from .models.kernels import kernel_status
 
-    kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
+        kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
     plain_step_s = None
     if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
         from .profiler import profile_costs
@@ -212,14 +261,15 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model(name: str, dtype):
-    """A model directory, or a preset of verispec.train with random weights (costs only)."""
+def _model(name: str, dtype, args: argparse.Namespace):
+    """A model (directory or GGUF file, on --backend), or a preset of verispec.train with random
+    weights on torch (costs only)."""
     from . import train
     from .models.llama import LlamaForCausalLM, init_weights
 
     if not Path(name).exists() and name in train.PRESETS:
         return init_weights(LlamaForCausalLM(train.PRESETS[name])).to(dtype).eval()
-    return load_model(name, dtype)
+    return _load(name, args, dtype)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -229,12 +279,10 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    _default_pair(args)
     dtype = parse_dtype(args.dtype)
-    target = load_model(args.target, dtype)
-    tokenizer = load_tokenizer(args.target)
-    if tokenizer is None:
-        return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
-    drafts = {name: _drafter(name, dtype, target, args.target) for name in args.draft}
+    target, tokenizer = _target(args, dtype)
+    drafts = {name: _drafter(name, dtype, target, args.target, args) for name in args.draft}
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
     report = plan(target, drafts, prompts, params, args.k_max)
@@ -272,13 +320,20 @@ def _profile(args: argparse.Namespace) -> int:
     from .models.kernels import kernel_status
     from .profiler import profile_costs
 
+    _default_pair(args)
     dtype = parse_dtype(args.dtype)
-    target = _model(args.target, dtype)
-    draft = _model(args.draft, dtype) if args.draft else None
+    target = _model(args.target, dtype, args)
+    draft = _model(args.draft, dtype, args) if args.draft else None
     if args.compare_quantized:
         return _compare_quantized(target, args)
     profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
-    print(f"target {target.config.num_parameters / 1e6:.1f}M params, {args.dtype}, batch {args.batch_size}, context bucket {profile.context_length}; {kernel_status()}")
+    if isinstance(target, torch.nn.Module):
+        engine = f"{args.dtype}, {kernel_status()}"
+    else:
+        from .models.llamacpp import system_info
+
+        engine = f"llama.cpp, {target.config.description}, {target.n_threads} threads; {system_info()}"
+    print(f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket {profile.context_length}; {engine}")
     for n, (t, r) in enumerate(zip(profile.target_s, profile.r), 1):
         print(f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}")
     if draft is not None:
@@ -336,8 +391,9 @@ def _peer(args: argparse.Namespace) -> int:
         return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     lookup = args.draft == "ngram"
+    dtype = parse_dtype(args.dtype)
     result = run_peer_bench(args.target, None if lookup else args.draft, prompts, k, args.max_new_tokens, args.repeats, prompt_lookup=lookup,
-                            dtype=parse_dtype(args.dtype))
+                            dtype=dtype, load=lambda path: _load(path, args, dtype))
     print(f"{'system':>32} {'tok/s':>8} {'vs hf plain':>11} {'vs hf assisted':>14}  identical")
     for row in result["runs"]:
         assisted = "-" if row["vs_transformers_assisted"] is None else f"{row['vs_transformers_assisted']:.2f}"
@@ -355,20 +411,50 @@ def _peer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peer_llamacpp(args: argparse.Namespace) -> int:
+    import json
+
+    from .models.backend import gguf_file
+    from .models.llamacpp import unavailable
+    from .peer_llamacpp import run_llamacpp_peer_bench
+
+    reason = unavailable()
+    if reason:
+        return _fail(f"--peer llamacpp: {reason}")
+    k = next((int(k) for k in args.k.split(",") if k.isdigit()), 4)
+    temperature = float(args.temperature.split(",")[0])
+    texts = _read_prompts(args.prompts, args.max_prompts)
+    target, draft = gguf_file(args.target, args.gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, args.gguf_type)
+    result = run_llamacpp_peer_bench(target, draft, texts, k, args.max_new_tokens, args.repeats, temperature, args.seed, args.threads,
+                                     args.llama_cpp_bin)
+    speculative = any(row["vs_llamacpp_speculative"] is not None for row in result["runs"])
+    print(f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec':>17} {'alpha_hat':>9}  identical")
+    for row in result["runs"]:
+        versus = f"{row['vs_llamacpp_speculative']:.2f}" if speculative else "-"
+        alpha = "-" if row.get("alpha_hat") is None else f"{row['alpha_hat']:.3f}"
+        print(f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} {versus:>17} {alpha:>9}  {row.get('identical_to_llamacpp_plain', '-')}")
+    print(f"{result['target_description']}; T={temperature}, batch 1, {args.max_new_tokens} new tokens per prompt, {result['threads']} threads, "
+          f"decode-only tokens/s, median of {args.repeats} rounds")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench, write_reports
 
+    _default_pair(args)
+    if args.peer == "llamacpp":
+        return _peer_llamacpp(args)
     if args.peer:
         return _peer(args)
     ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
     temperatures = [float(t) for t in args.temperature.split(",")]
     dtype = parse_dtype(args.dtype)
-    target = load_model(args.target, dtype)
-    tokenizer = load_tokenizer(args.target)
-    if tokenizer is None:
-        return _fail(f"{args.target}: no tokenizer.json, so prompts cannot be encoded")
+    target, tokenizer = _target(args, dtype)
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
-    drafter = _drafter(args.draft, dtype, target, args.target)
+    drafter = _drafter(args.draft, dtype, target, args.target, args)
     # start() resets a drafter completely, so one object serves every run
     result = run_bench(target, lambda: drafter, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed,
                        getattr(drafter, "model", None))
@@ -432,6 +518,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    import time
+
+    from .models.gguf_convert import convert
+
+    start = time.perf_counter()
+    try:
+        path = convert(args.model, args.out, args.type)
+    except ImportError as error:
+        return _fail(f"verispec convert needs the gguf package (pip install 'verispec[llamacpp]'): {error}")
+    print(f"wrote {path}: {args.type}, {path.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 def _toy(args: argparse.Namespace) -> int:
     from .models.toy import make_toy_pair
 
@@ -442,7 +542,7 @@ def _toy(args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "generate": _generate, "plan": _plan, "quantize": _quantize, "profile": _profile,
-    "bench": _bench, "train": _train, "perplexity": _perplexity, "toy": _toy,
+    "bench": _bench, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
 }
 
 

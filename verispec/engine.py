@@ -22,7 +22,7 @@ import torch
 from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
-from .rejection import acceptance_probability, verify
+from .rejection import acceptance_probability, verify, verify_greedy
 from .sampling import make_generator, process_logits
 from .stats import RequestStats, SpecStats
 
@@ -54,6 +54,32 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
         if token in stop_token_ids:
             return tokens[: i + 1], "stop"
     return tokens, ("length" if len(tokens) == budget else None)
+
+
+def _rule(
+    logits: torch.Tensor,  # [B, k+1, V] the target's raw logits
+    draft_token_ids: torch.Tensor,  # [B, k]
+    draft_probs: torch.Tensor | None,  # [B, k, V] or None
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The accept-reject rule on one pass: (output [B, k+1], num_accepted [B], beta [B, k]).
+
+    At temperature 0 p is one-hot at the argmax, so the rule is `verify_greedy` on token ids
+    and beta = sum min(p, q) = q(argmax): the same result as the general path without its
+    [B, k+1, V] work."""
+    k = draft_token_ids.shape[1]
+    if draft_probs is not None and draft_probs.shape[-1] != logits.shape[-1]:
+        raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({logits.shape[-1]})")
+    if params.greedy:
+        target_token_ids = logits.argmax(dim=-1)  # [B, k+1], as process_logits picks it
+        output, num_accepted = verify_greedy(draft_token_ids, target_token_ids)
+        at_argmax = target_token_ids[:, :k, None]
+        beta = (draft_token_ids[..., None] == at_argmax).float() if draft_probs is None else draft_probs.gather(-1, at_argmax)
+        return output, num_accepted, beta.squeeze(-1)
+    target_probs = process_logits(logits, params)  # [B, k+1, V]
+    output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, generator)
+    return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
 
 
 @torch.no_grad()
@@ -108,13 +134,9 @@ def generate(
             t1 = time.perf_counter()
             start_lengths = cache.host_lengths
             logits = target(torch.cat([pending[:, None], draft_token_ids], dim=1), cache)  # [B, k+1, V]
-            target_probs = process_logits(logits, params)
             _sync(device)
             t2 = time.perf_counter()
-            if draft_probs is not None and draft_probs.shape[-1] != target_probs.shape[-1]:
-                raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({target_probs.shape[-1]})")
-            output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, generator)  # [B, k+1], [B]
-            beta = acceptance_probability(draft_token_ids, draft_probs, target_probs)  # [B, k]
+            output, num_accepted, beta = _rule(logits, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
             host = torch.cat([output.double(), num_accepted[:, None].double(), beta.double()], dim=1).tolist()  # the sync
             stats.draft_time_s += t1 - t0
             stats.target_time_s += t2 - t1

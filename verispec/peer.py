@@ -40,10 +40,10 @@ def _hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> lis
 
 
 def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_new_tokens: int, prompt_lookup: bool,
-             dtype: torch.dtype = torch.float32) -> tuple[dict[str, Callable[[list[int]], list[int]]], torch.nn.Module]:
+             dtype: torch.dtype, load: Callable) -> tuple[dict[str, Callable[[list[int]], list[int]]], torch.nn.Module]:
     import transformers
 
-    target = load_model(target_dir, dtype)
+    target = load(target_dir)
     hf_target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     systems: dict[str, Callable[[list[int]], list[int]]] = {
@@ -51,7 +51,7 @@ def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_n
         "transformers plain": lambda p: _hf_generate(hf_target, p, max_new_tokens),
     }
     if draft_dir is not None:
-        draft = load_model(draft_dir, dtype)
+        draft = load(draft_dir)
         hf_draft = transformers.AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).eval()
         hf_draft.generation_config.num_assistant_tokens = k
         hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
@@ -85,12 +85,15 @@ def run_peer_bench(
     repeats: int = 3,
     prompt_lookup: bool = False,
     dtype: torch.dtype = torch.float32,
+    load: Callable | None = None,
 ) -> dict:
     """Median tokens/s per system, ratios to transformers, and output identity (with the
-    first difference explained by the target's logit gap there)."""
+    first difference explained by the target's logit gap there). `load(path)` gives verispec's
+    models (any backend; default: `models.hf.load_model` in `dtype`, on PyTorch)."""
     if repeats < 1 or k < 1:
         raise ValueError(f"repeats and k must be >= 1, got {repeats} and {k}")
-    systems, hf_target = _systems(target_dir, draft_dir, k, max_new_tokens, prompt_lookup, dtype)
+    load = load or (lambda path: load_model(path, dtype))
+    systems, hf_target = _systems(target_dir, draft_dir, k, max_new_tokens, prompt_lookup, dtype, load)
     speeds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(repeats):

@@ -71,9 +71,10 @@ def profile_costs(
         return _CACHE[key]
     params = SamplingParams(temperature=1.0)
     generator = torch.Generator(device=target.device).manual_seed(0)
-    steps = {n: _target_step(target, n, batch_size, context, params, generator) for n in range(1, k_max + 2)}
+    target_cache = _prefilled(target, batch_size, context, k_max + 1, generator)  # one cache: every step rolls back
+    steps = {n: _target_step(target, target_cache, n, params, generator) for n in range(1, k_max + 2)}
     if draft_model is not None:
-        steps["draft"] = _draft_step(draft_model, batch_size, context, params, generator)
+        steps["draft"] = _draft_step(draft_model, _prefilled(draft_model, batch_size, context, 1, generator), params, generator)
     times: dict[object, list[float]] = {name: [] for name in steps}
     for round_ in range(warmup + repeats):
         for name, step in steps.items():
@@ -98,10 +99,9 @@ def _prefilled(model: torch.nn.Module, batch_size: int, context: int, extra: int
     return cache
 
 
-def _target_step(target, n: int, batch_size: int, context: int, params: SamplingParams, generator):
-    cache = _prefilled(target, batch_size, context, n, generator)
+def _target_step(target, cache, n: int, params: SamplingParams, generator):
     lengths = cache.host_lengths
-    ids = torch.randint(0, target.vocab_size, (batch_size, n), generator=generator, device=target.device)
+    ids = torch.randint(0, target.vocab_size, (cache.batch_size, n), generator=generator, device=target.device)
 
     def step() -> None:
         target_probs = process_logits(target(ids, cache), params)  # [B, n, V]
@@ -112,10 +112,9 @@ def _target_step(target, n: int, batch_size: int, context: int, params: Sampling
     return step
 
 
-def _draft_step(draft, batch_size: int, context: int, params: SamplingParams, generator):
-    cache = _prefilled(draft, batch_size, context, 1, generator)
+def _draft_step(draft, cache, params: SamplingParams, generator):
     lengths = cache.host_lengths
-    ids = torch.randint(0, draft.vocab_size, (batch_size, 1), generator=generator, device=draft.device)
+    ids = torch.randint(0, draft.vocab_size, (cache.batch_size, 1), generator=generator, device=draft.device)
 
     def step() -> None:
         sample(process_logits(draft(ids, cache)[:, -1], params), generator)

@@ -34,20 +34,42 @@ def verify(
     batch, k = draft_token_ids.shape
     p_draft = _at(target_probs[:, :k], draft_token_ids)  # p_i(x_i)   [B, k]
     q_draft = torch.ones_like(p_draft) if draft_probs is None else _at(draft_probs, draft_token_ids)
-    u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device)
-    accepted = u * q_draft < p_draft  # u < p/q without dividing by q   [B, k]
+    u = torch.rand(p_draft.shape, dtype=torch.float64, generator=generator, device=p_draft.device)
+    accepted = u * q_draft.double() < p_draft.double()  # u < p/q without dividing by q   [B, k]
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
 
-    # Distribution of the token after the accepted prefix: residual at a rejection, p_{k+1} otherwise.
-    residual = _residual_probs(draft_token_ids, draft_probs, target_probs[:, :k])  # [B, k, V]
-    extra_probs = torch.cat([residual, target_probs[:, k:]], dim=1)  # [B, k+1, V]
+    # The token after the accepted prefix: from the residual at a rejection, from p_{k+1} when all
+    # k were accepted. Only that one position per row is computed.
     rows = torch.arange(batch, device=num_accepted.device)
-    extra_token = sample(extra_probs[rows, num_accepted], generator)  # [B]
+    p_next = target_probs[rows, num_accepted][:, None]  # [B, 1, V]
+    extra_probs = p_next
+    if k > 0:
+        at = num_accepted.clamp_max(k - 1)  # the rejected position (any, for rows that took the bonus)
+        q_next = None if draft_probs is None else draft_probs[rows, at][:, None]  # [B, 1, V]
+        residual = _residual_probs(draft_token_ids[rows, at][:, None], q_next, p_next)  # [B, 1, V]
+        extra_probs = torch.where((num_accepted < k)[:, None, None], residual, p_next)
+    extra_token = sample(extra_probs[:, 0], generator)  # [B]
 
     positions = torch.arange(k + 1, device=num_accepted.device)  # [k+1]
     padded = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
     output = torch.where(positions < num_accepted[:, None], padded, -1)
     output = output.scatter(1, num_accepted[:, None], extra_token[:, None])
+    return output, num_accepted
+
+
+def verify_greedy(
+    draft_token_ids: torch.Tensor,  # [B, k] long
+    target_token_ids: torch.Tensor,  # [B, k+1] long: the target's argmax at each position
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` when p is one-hot at the target's argmax (temperature 0), whatever q is: a
+    proposal is accepted iff it is the argmax (min(1, p/q) is 1 there and 0 elsewhere), and the
+    recovered or bonus token is the argmax (the residual max(p - q, 0) is one-hot there too).
+    No random numbers and no [.., V] tensors. Same outputs as `verify`."""
+    batch, k = draft_token_ids.shape
+    matches = draft_token_ids == target_token_ids[:, :k]  # [B, k]
+    num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
+    positions = torch.arange(k + 1, device=num_accepted.device)  # [k+1]
+    output = torch.where(positions < num_accepted[:, None] + 1, target_token_ids, -1)  # accepted tokens equal the argmax
     return output, num_accepted
 
 

@@ -50,11 +50,17 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One exact draw per row from probs [..., V] -> LongTensor [...].
 
-    The exponential race: argmax_x p(x) / E_x with E_x ~ Exp(1) i.i.d. picks x with
-    probability exactly p(x) / sum(p). Tokens with p = 0 are never picked. No host sync.
+    Inverse transform sampling in float64: u ~ U[0, 1) (53 random bits), and the first token
+    whose cumulative mass exceeds u * total. float32 probabilities are exact in float64 and the
+    running sum rounds at 1e-16, so each token is drawn with its probability to that precision.
+    A token with p = 0 does not raise the cumulative mass and is never drawn. One random number
+    per row (an exponential race needs V of them: 10x slower at V = 8192). No host sync.
     """
-    race = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(1e-30)
-    return (probs / race).argmax(dim=-1)
+    cdf = probs.double().cumsum(dim=-1)  # [..., V]
+    total = cdf[..., -1:]  # [..., 1]
+    u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
+    point = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # < total, even after rounding
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -67,8 +67,13 @@ class ModelDrafter:
         for i in range(k):
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
-            q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
-            token_ids.append(sample(q, generator))
+            if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
+                token = logits[:, -1].float().argmax(dim=-1)  # [B]
+                q = torch.zeros(logits.shape[0], logits.shape[-1], device=logits.device).scatter_(-1, token[:, None], 1.0)
+            else:
+                q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
+                token = sample(q, generator)
+            token_ids.append(token)
             probs.append(q)
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k]
         self._last_proposal = draft_token_ids[:, -1]

@@ -192,7 +192,10 @@ def _record_inputs(model: nn.Module, layers: list[nn.Module], calibration: torch
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of weights a full forward pass reads: every matrix but the embedding tables (one
     row per token), each tensor once (a head tied to the embedding counts), quantized ones
-    packed. Works for transformers models too (GPT-2's Conv1D matrices count)."""
+    packed. Works for transformers models too (GPT-2's Conv1D matrices count). A model that is
+    not a torch module (a GGUF on llama.cpp) reports its own size (its whole file of tensors)."""
+    if not isinstance(model, nn.Module):
+        return model.config.size_bytes
     total, seen = 0, set()
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for module in model.modules():

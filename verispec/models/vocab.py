@@ -1,7 +1,8 @@
 """Do a target and a draft speak the same token ids? Checks, and the one allowed difference.
 
-Owns: `check_same_tokenizer` (compare two model directories' `tokenizer.json`: the token -> id
-map, added tokens included, and which tokens are special) and `match_vocab_size` (a draft whose
+Owns: `check_same_tokenizer` (compare two models' vocabularies, each a directory's
+`tokenizer.json` or a GGUF file's own vocabulary, in any combination: the token -> id map,
+added tokens included, and which tokens are special) and `match_vocab_size` (a draft whose
 output layer is only padded to a different size gets logits cut or padded to the target's
 size). The engine compares token ids only, so what matters is that every real token has the
 same id on both sides; normalisers and pre-tokenizers never see a draft. Knows nothing of
@@ -19,7 +20,13 @@ from .checkpoint import load_tokenizer
 
 
 def _tokens(directory: str | Path) -> tuple[dict[str, int], set[str]] | None:
-    """(token -> id, added tokens marked special) from directory/tokenizer.json, or None without one."""
+    """(token -> id, special tokens) from directory/tokenizer.json or a GGUF file's vocabulary
+    (byte-level BPE tokens are stored as the same strings in both); None without one."""
+    if str(directory).lower().endswith(".gguf"):
+        from .gguf_convert import gguf_vocab
+
+        vocab, special = gguf_vocab(directory)
+        return (vocab, special) if vocab else None
     tokenizer = load_tokenizer(directory)  # CheckpointError (a ValueError) when unreadable
     if tokenizer is None:
         return None
@@ -30,7 +37,7 @@ def _tokens(directory: str | Path) -> tuple[dict[str, int], set[str]] | None:
 def check_same_tokenizer(target_dir: str | Path, draft_dir: str | Path, target_vocab_size: int, draft_vocab_size: int) -> str:
     """Raise ValueError (one line, the FIRST difference) unless target and draft share a tokenizer.
 
-    With `tokenizer.json` on both sides: every token has the same id on both sides (target ids
+    Each side is a model directory or a GGUF file. With a vocabulary on both sides: every token has the same id on both sides (target ids
     in increasing order first, then tokens only the draft has), the same tokens are special,
     and each model's output layer (`*_vocab_size`, padding included) covers its tokenizer's
     ids. The two models' vocab sizes may then differ (an embedding matrix padded to a multiple

@@ -1,0 +1,349 @@
+"""GGUF models on llama.cpp (llama-cpp-python's C API) behind verispec's model protocol.
+
+Owns: `LlamaCppModel` (a GGUF file as a target or a draft: `vocab_size`, `device`,
+`new_cache`, `prefill`, `forward(input_ids [B, T], cache) -> float32 logits [B, T, V]`), its
+cache `LlamaCppCache`, `GGUFTokenizer` (text <-> ids with the GGUF's own vocabulary) and
+`unavailable()` (why llama.cpp cannot run here, or None). llama.cpp does the passes: its
+kernels, quantized formats and threads. The engine gets logits for every position, as from
+any other model, and does the sampling and the accept-reject rule itself. Knows nothing of
+sampling or speculation.
+
+Cache contract (the same as `KVCache`'s). A cache owns one llama.cpp context; row b is llama.cpp
+sequence b. A forward of T tokens is one `llama_decode` of B*T tokens (sequence b at positions
+lengths[b] .. lengths[b]+T-1, logits requested at every position) and advances every length
+by T. `rollback(lengths)` removes each row's positions from its new length on
+(`llama_memory_seq_rm`), so the next forward writes them afresh. A context freed by a cache
+is kept by its model and reused by the next cache that fits (one `llama_memory_clear`), so a
+`generate` call does not pay for a new context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .checkpoint import CheckpointError
+from .llama import CacheLengths
+
+_N_BATCH = 512  # tokens per llama_decode call (a longer prefill is split)
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
+_CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
+    "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
+    "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AMX_INT8": "amx_int8",
+}
+_KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
+_lib = None
+_log: list[str] = []  # llama.cpp's recent error lines (its log is silenced; errors are quoted in ours)
+
+
+def _llama():
+    """The llama_cpp module, its backend initialised and its log captured (once)."""
+    global _lib, _log_callback
+    if _lib is None:
+        import llama_cpp
+
+        @llama_cpp.llama_log_callback
+        def _log_callback(level: int, text: bytes, user_data) -> None:
+            if level in (2, 4) and text:  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+                _log.append(text.decode(errors="replace").strip())
+                del _log[:-4]
+
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _lib = llama_cpp
+    return _lib
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def unavailable() -> str | None:
+    """Why llama.cpp cannot run on this machine (one line), or None when it can.
+
+    A llama.cpp library compiled for instructions this CPU lacks (a wheel built on another
+    machine, say) would die of an illegal instruction at its first pass: refused here instead.
+    """
+    try:
+        lib = _llama()
+    except ImportError:
+        return "llama-cpp-python is not installed (pip install 'verispec[llamacpp]')"
+    except OSError as error:
+        return f"llama.cpp's library does not load: {error}"
+    flags = _cpu_flags()
+    if flags is not None:
+        info = lib.llama_print_system_info().decode(errors="replace")
+        built = [name for name, flag in _CPU_FLAGS.items() if f" {name} = 1 " in f" {info} ".replace("|", " ")]
+        missing = [name for name in built if _CPU_FLAGS[name] not in flags]
+        if missing:
+            return (f"this llama.cpp was built for {', '.join(missing)}, which this CPU lacks "
+                    "(rebuild it here: pip install --force-reinstall --no-cache-dir llama-cpp-python)")
+    return None
+
+
+def system_info() -> str:
+    """llama.cpp's own line on what it was built with (instruction sets, OpenMP, ...)."""
+    return _llama().llama_print_system_info().decode(errors="replace").strip()
+
+
+def default_threads() -> int:
+    """The cores this process may run on: llama.cpp's threads, never more (no oversubscription)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class GGUFConfig:
+    """What the engine and the tools read from a model's config, for a GGUF file."""
+
+    num_parameters: int
+    size_bytes: int  # the weights llama.cpp reads per pass
+    max_position_embeddings: int  # the training context
+    eos_token_id: int | None
+    bos_token_id: int | None
+    description: str  # llama.cpp's one-line description: architecture, size, type
+
+
+class _Context:
+    """One llama.cpp context: its KV memory for n_seq sequences of up to n_ctx_seq positions, and
+    a llama_batch of _N_BATCH tokens with numpy views on its arrays (filled without a copy)."""
+
+    def __init__(self, model: "LlamaCppModel", n_seq: int, n_ctx_seq: int):
+        lib = _llama()
+        params = lib.llama_context_default_params()
+        params.n_seq_max = n_seq
+        params.n_ctx = n_seq * n_ctx_seq
+        params.n_batch = params.n_ubatch = _N_BATCH
+        params.n_threads = params.n_threads_batch = model.n_threads
+        params.no_perf = True
+        params.type_k = params.type_v = _KV_TYPES[model.kv_type]
+        params.flash_attn_type = 0  # disabled, as llama-cpp-python's Llama: attention in the cache's type, not f16
+        self.ptr = lib.llama_init_from_model(model.handle, params)
+        if not self.ptr:
+            raise RuntimeError(f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {' / '.join(_log[-2:])}")
+        self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr)
+        self.memory = lib.llama_get_memory(self.ptr)
+        self.batch = lib.llama_batch_init(_N_BATCH, 0, 1)
+        self.token = np.ctypeslib.as_array(self.batch.token, shape=(_N_BATCH,))
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(_N_BATCH,))
+        self.output = np.ctypeslib.as_array(self.batch.logits, shape=(_N_BATCH,))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(_N_BATCH,))[:] = 1
+        self._seq_ids = [self.batch.seq_id[i] for i in range(_N_BATCH)]
+        self._seq_written = np.full(_N_BATCH, -1)  # what seq_id[i][0] holds now (skip rewriting it)
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, vocab_size: int, outputs: bool) -> tuple[np.ndarray | None, float]:
+        """Run tokens [N] at positions [N] of sequences [N]: (logits [N, V] (a copy) when outputs,
+        seconds spent inside llama_decode)."""
+        lib, logits, inside = _llama(), [], 0.0
+        for start in range(0, len(tokens), _N_BATCH):
+            end = min(start + _N_BATCH, len(tokens))
+            count = end - start
+            self.token[:count] = tokens[start:end]
+            self.pos[:count] = positions[start:end]
+            self.output[:count] = outputs
+            for i in np.flatnonzero(self._seq_written[:count] != seqs[start:end]):
+                self._seq_ids[i][0] = int(seqs[start + i])
+            self._seq_written[:count] = seqs[start:end]
+            self.batch.n_tokens = count
+            started = time.perf_counter()
+            status = lib.llama_decode(self.ptr, self.batch)
+            inside += time.perf_counter() - started
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed (status {status}): {' / '.join(_log[-2:])}")
+            if outputs:  # one memmove out of llama.cpp's buffer (reused by the next decode)
+                block = np.empty((count, vocab_size), dtype=np.float32)
+                ctypes.memmove(block.ctypes.data, lib.llama_get_logits(self.ptr), block.nbytes)
+                logits.append(block)
+        if not outputs:
+            return None, inside
+        return (np.concatenate(logits) if len(logits) > 1 else logits[0]), inside
+
+    def free(self) -> None:
+        if self.ptr:
+            lib = _llama()
+            lib.llama_batch_free(self.batch)
+            lib.llama_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaCppCache(CacheLengths):
+    """Per-row lengths over one llama.cpp context (row b = sequence b); rollback removes positions."""
+
+    def __init__(self, model: "LlamaCppModel", context: _Context, batch_size: int, max_length: int):
+        super().__init__(batch_size, max_length, "cpu")
+        self.model, self.context = model, context
+
+    def rollback(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] positions of row b; llama.cpp forgets the rest."""
+        before = self._host_lengths
+        super().rollback(lengths)
+        for seq, (old, new) in enumerate(zip(before, lengths)):
+            if new < old:
+                _llama().llama_memory_seq_rm(self.context.memory, seq, new, -1)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long)
+
+    def __del__(self) -> None:
+        try:
+            self.model._release(self.context)
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+class LlamaCppModel:
+    """A GGUF file on llama.cpp with verispec's model interface (a target, or inside ModelDrafter).
+
+    `forward(input_ids [B, T], cache)` writes positions cache.lengths .. +T-1 of every row and
+    returns float32 logits [B, T, V]; without a cache it scores whole sequences from position 0.
+    `n_threads` defaults to the cores this process may use (`default_threads`). `kv_type` is
+    the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
+    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3).
+    """
+
+    device = torch.device("cpu")
+    dtype = torch.float32  # of the logits; the weights are whatever the GGUF holds
+
+    def __init__(self, path: str | Path, n_threads: int | None = None, kv_type: str = "f16"):
+        if kv_type not in _KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        reason = unavailable()
+        if reason is not None:
+            raise CheckpointError(f"{path}: cannot run on llama.cpp: {reason}")
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such GGUF file")
+        lib = _llama()
+        params = lib.llama_model_default_params()
+        _log.clear()
+        self.handle = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.handle:
+            raise CheckpointError(f"{path}: llama.cpp cannot load it: {' / '.join(_log[-2:]) or 'unknown error'}")
+        self.path = path
+        self.n_threads = n_threads or default_threads()
+        self.kv_type = kv_type
+        self.vocab = lib.llama_model_get_vocab(self.handle)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
+        description = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self.handle, description, len(description))
+        eos, bos = lib.llama_vocab_eos(self.vocab), lib.llama_vocab_bos(self.vocab)
+        self.config = GGUFConfig(
+            num_parameters=int(lib.llama_model_n_params(self.handle)),
+            size_bytes=int(lib.llama_model_size(self.handle)),
+            max_position_embeddings=int(lib.llama_model_n_ctx_train(self.handle)),
+            eos_token_id=eos if eos >= 0 else None,
+            bos_token_id=bos if bos >= 0 else None,
+            description=description.value.decode(errors="replace"),
+        )
+        self._spare: _Context | None = None
+        self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
+
+    def new_cache(self, batch_size: int, max_length: int) -> LlamaCppCache:
+        """A cache of batch_size rows of max_length positions: the spare context if it fits."""
+        if not 1 <= batch_size <= MAX_SEQUENCES:
+            raise ValueError(f"llama.cpp runs 1 to {MAX_SEQUENCES} sequences at once, got a batch of {batch_size}")
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.n_seq >= batch_size and spare.n_ctx_seq >= max_length:
+            _llama().llama_memory_clear(spare.memory, True)
+            return LlamaCppCache(self, spare, batch_size, max_length)
+        if spare is not None:
+            spare.free()
+        return LlamaCppCache(self, _Context(self, batch_size, max_length), batch_size, max_length)
+
+    def _release(self, context: _Context) -> None:
+        """A cache is gone: keep its context for the next one (the larger of two), free the other."""
+        if self._spare is None:
+            self._spare = context
+            return
+        keep, drop = sorted((self._spare, context), key=lambda c: c.n_seq * c.n_ctx_seq, reverse=True)
+        self._spare = keep
+        drop.free()
+
+    def __call__(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        return self.forward(input_ids, cache)
+
+    def forward(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> float32 logits [B, T, V]."""
+        batch, length = input_ids.shape
+        if cache is None:  # whole sequences from position 0, in a cache of their own
+            cache = self.new_cache(batch, length)
+        span = max(cache.host_lengths) + length
+        if span > cache.max_length:
+            raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
+        positions = np.asarray(cache.host_lengths)[:, None] + np.arange(length)  # [B, T]
+        seqs = np.repeat(np.arange(batch), length)  # [B*T]
+        logits, inside = cache.context.decode(input_ids.numpy().ravel(), positions.ravel(), seqs, self.vocab_size, outputs=True)
+        self.forward_compute_s += inside
+        cache.advance(length)
+        return torch.from_numpy(logits).view(batch, length, self.vocab_size)
+
+    def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
+        """Write ragged prompts [B][len_b] into an empty cache (no padding: llama.cpp batches are ragged)."""
+        if max(cache.host_lengths) != 0:
+            raise ValueError("prefill needs an empty cache")
+        lengths = [len(p) for p in prompts]
+        if sum(lengths):
+            if max(lengths) > cache.max_length:
+                raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
+            tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
+            positions = np.concatenate([np.arange(n) for n in lengths])
+            seqs = np.repeat(np.arange(len(prompts)), lengths)
+            cache.context.decode(tokens, positions, seqs, self.vocab_size, outputs=False)
+        cache.set_lengths(lengths)
+
+    def __del__(self) -> None:
+        try:
+            if self._spare is not None:
+                self._spare.free()
+            _llama().llama_model_free(self.handle)
+        except Exception:
+            pass
+
+
+class Encoding(NamedTuple):
+    ids: list[int]
+
+
+class GGUFTokenizer:
+    """Text <-> token ids with a GGUF's own vocabulary (llama.cpp's tokenizer), shaped like the
+    `tokenizers` calls verispec makes: `encode(text).ids` and `decode(ids, skip_special_tokens)`.
+    Nothing is added (no BOS): the ids are the text's own, as with a Hugging Face tokenizer.json."""
+
+    def __init__(self, model: LlamaCppModel):
+        self.model = model  # keeps the vocabulary alive
+
+    def encode(self, text: str) -> Encoding:
+        lib, data = _llama(), text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buffer = (lib.llama_token * capacity)()
+            count = lib.llama_tokenize(self.model.vocab, data, len(data), buffer, capacity, False, True)
+            if count >= 0:
+                return Encoding(list(buffer[:count]))
+            capacity = -count
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        lib = _llama()
+        tokens = (lib.llama_token * max(len(ids), 1))(*ids)
+        capacity = 8 * len(ids) + 16
+        while True:
+            buffer = ctypes.create_string_buffer(capacity)
+            count = lib.llama_detokenize(self.model.vocab, tokens, len(ids), buffer, capacity, False, not skip_special_tokens)
+            if count >= 0:
+                return buffer.raw[:count].decode("utf-8", errors="replace")
+            capacity = -count
