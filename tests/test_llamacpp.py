@@ -149,3 +149,15 @@ def test_the_gguf_vocabulary_encodes_and_decodes_like_tokenizer_json(pair, text)
     assert ids == reference.encode(text).ids
     assert tokenizer.decode(ids, skip_special_tokens=False) == text
     assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+
+
+def test_a_forward_larger_than_one_llama_cpp_batch_is_split(toy_model):
+    """2 rows x 300 tokens go as several llama_decode calls (at most 512 tokens each, fewer in
+    a small context), with the same logits as row by row."""
+    ids = torch.randint(0, 257, (2, 300), generator=torch.Generator().manual_seed(0))
+    cache = toy_model.new_cache(2, 300)
+    assert cache.context.n_batch < ids.numel()
+    together = toy_model(ids, cache)
+    for row in range(2):
+        alone = toy_model(ids[row : row + 1])[0]
+        assert torch.allclose(together[row], alone, atol=1e-3, rtol=0)

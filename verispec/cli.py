@@ -18,7 +18,7 @@ from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
 from .engine import generate
 from .models.backend import BACKENDS, GGUF_TYPES, load, load_text_tokenizer
-from .models.checkpoint import CheckpointError, load_pretrained, parse_dtype
+from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
 from .models.hf import load_model
 from .models.vocab import check_same_tokenizer, match_vocab_size
 from .stats import SpecStats
@@ -175,7 +175,11 @@ def _load(path: str, args: argparse.Namespace, dtype):
 
 
 def _target(args: argparse.Namespace, dtype):
-    """The target model and its text tokenizer (a one-line error without one)."""
+    """The target model and its text tokenizer (a one-line error without one). An early-exit
+    draft reads the target's own layers, so with --backend auto the target runs on torch then."""
+    drafts = args.draft if isinstance(args.draft, list) else [args.draft]
+    if args.backend == "auto" and any(str(d).startswith("early-exit:") for d in drafts):
+        args.backend = "torch"
     target = _load(args.target, args, dtype)
     tokenizer = load_text_tokenizer(args.target, target)
     if tokenizer is None:
@@ -321,6 +325,11 @@ def _profile(args: argparse.Namespace) -> int:
     from .profiler import profile_costs
 
     _default_pair(args)
+    if args.compare_quantized:  # verispec's own int8/int4 formats run on PyTorch
+        if args.backend == "llamacpp":
+            return _fail("--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
+                         "for llama.cpp's types, profile each --gguf-type")
+        args.backend = "torch"
     dtype = parse_dtype(args.dtype)
     target = _model(args.target, dtype, args)
     draft = _model(args.draft, dtype, args) if args.draft else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ def _llama():
                 _log.append(text.decode(errors="replace").strip())
                 del _log[:-4]
 
+        # llama.cpp may log from a free() run while Python shuts down, after this module's globals
+        # are gone: the callback must outlive them, so it is never released.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_callback))
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _lib = llama_cpp
@@ -115,6 +119,18 @@ class GGUFConfig:
     description: str  # llama.cpp's one-line description: architecture, size, type
 
 
+class _Weights:
+    """A loaded llama_model. Every context made from it holds a reference, so it is freed only
+    after the model object and all its contexts are gone (whatever order Python finalizes them in)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():  # at exit llama.cpp's library may be unloaded already: the OS frees all
+            _llama().llama_model_free(self.handle)
+
+
 class _Context:
     """One llama.cpp context: its KV memory for n_seq sequences of up to n_ctx_seq positions, and
     a llama_batch of _N_BATCH tokens with numpy views on its arrays (filled without a copy)."""
@@ -129,10 +145,12 @@ class _Context:
         params.no_perf = True
         params.type_k = params.type_v = _KV_TYPES[model.kv_type]
         params.flash_attn_type = 0  # disabled, as llama-cpp-python's Llama: attention in the cache's type, not f16
-        self.ptr = lib.llama_init_from_model(model.handle, params)
+        self.weights = model.weights  # freed after this context
+        self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
             raise RuntimeError(f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {' / '.join(_log[-2:])}")
         self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr)
+        self.n_batch = min(_N_BATCH, lib.llama_n_batch(self.ptr))  # llama.cpp caps it at n_ctx
         self.memory = lib.llama_get_memory(self.ptr)
         self.batch = lib.llama_batch_init(_N_BATCH, 0, 1)
         self.token = np.ctypeslib.as_array(self.batch.token, shape=(_N_BATCH,))
@@ -146,8 +164,8 @@ class _Context:
         """Run tokens [N] at positions [N] of sequences [N]: (logits [N, V] (a copy) when outputs,
         seconds spent inside llama_decode)."""
         lib, logits, inside = _llama(), [], 0.0
-        for start in range(0, len(tokens), _N_BATCH):
-            end = min(start + _N_BATCH, len(tokens))
+        for start in range(0, len(tokens), self.n_batch):
+            end = min(start + self.n_batch, len(tokens))
             count = end - start
             self.token[:count] = tokens[start:end]
             self.pos[:count] = positions[start:end]
@@ -176,6 +194,10 @@ class _Context:
             lib.llama_free(self.ptr)
             self.ptr = None
 
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            self.free()
+
 
 class LlamaCppCache(CacheLengths):
     """Per-row lengths over one llama.cpp context (row b = sequence b); rollback removes positions."""
@@ -197,10 +219,8 @@ class LlamaCppCache(CacheLengths):
         self.lengths = torch.tensor(lengths, dtype=torch.long)
 
     def __del__(self) -> None:
-        try:
+        if not sys.is_finalizing():
             self.model._release(self.context)
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
 
 
 class LlamaCppModel:
@@ -228,21 +248,22 @@ class LlamaCppModel:
         lib = _llama()
         params = lib.llama_model_default_params()
         _log.clear()
-        self.handle = lib.llama_model_load_from_file(str(path).encode(), params)
-        if not self.handle:
+        handle = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not handle:
             raise CheckpointError(f"{path}: llama.cpp cannot load it: {' / '.join(_log[-2:]) or 'unknown error'}")
+        self.weights = _Weights(handle)
         self.path = path
         self.n_threads = n_threads or default_threads()
         self.kv_type = kv_type
-        self.vocab = lib.llama_model_get_vocab(self.handle)
+        self.vocab = lib.llama_model_get_vocab(handle)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
         description = ctypes.create_string_buffer(256)
-        lib.llama_model_desc(self.handle, description, len(description))
+        lib.llama_model_desc(handle, description, len(description))
         eos, bos = lib.llama_vocab_eos(self.vocab), lib.llama_vocab_bos(self.vocab)
         self.config = GGUFConfig(
-            num_parameters=int(lib.llama_model_n_params(self.handle)),
-            size_bytes=int(lib.llama_model_size(self.handle)),
-            max_position_embeddings=int(lib.llama_model_n_ctx_train(self.handle)),
+            num_parameters=int(lib.llama_model_n_params(handle)),
+            size_bytes=int(lib.llama_model_size(handle)),
+            max_position_embeddings=int(lib.llama_model_n_ctx_train(handle)),
             eos_token_id=eos if eos >= 0 else None,
             bos_token_id=bos if bos >= 0 else None,
             description=description.value.decode(errors="replace"),
@@ -305,14 +326,6 @@ class LlamaCppModel:
             seqs = np.repeat(np.arange(len(prompts)), lengths)
             cache.context.decode(tokens, positions, seqs, self.vocab_size, outputs=False)
         cache.set_lengths(lengths)
-
-    def __del__(self) -> None:
-        try:
-            if self._spare is not None:
-                self._spare.free()
-            _llama().llama_model_free(self.handle)
-        except Exception:
-            pass
 
 
 class Encoding(NamedTuple):
