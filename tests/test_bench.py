@@ -112,6 +112,25 @@ def test_peer_bench_against_transformers_reports_identical_greedy_tokens(pair, t
     assert "transformers prompt lookup k=2" in capsys.readouterr().out
 
 
+def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_path, capsys):
+    """verispec on llama.cpp against llama-cpp-python on the same GGUF files (llama.cpp's own
+    speculative program is not built in CI: it needs --llama-cpp-bin, and is refused without it)."""
+    target_dir, draft_dir, _, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "ab ab ab"}\n')
+    common = ["bench", "--peer", "llamacpp", "--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--repeats", "1"]
+    assert main(common + ["--draft", str(draft_dir), "--k", "2,auto", "--json", str(tmp_path / "peer.json")]) == 0
+    report = json.loads((tmp_path / "peer.json").read_text())
+    runs = {r["system"]: r for r in report["runs"]}
+    assert set(runs) == {"llama.cpp plain (llama-cpp-python)", "verispec plain", "verispec k=2", "verispec k=auto"}
+    assert all(r["identical_to_llamacpp_plain"] for r in runs.values())
+    assert runs["verispec k=2"]["alpha_hat"] is not None and runs["verispec k=2"]["own_ms_per_pass"] > 0
+    assert main(common + ["--draft", "ngram", "--k", "2"]) == 0
+    assert "llama.cpp prompt lookup k=2 (llama-cpp-python)" in capsys.readouterr().out
+    assert main(common + ["--draft", str(draft_dir), "--llama-cpp-bin", str(tmp_path)]) == 2
+    assert "llama-speculative-simple" in capsys.readouterr().err
+
+
 def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
     transformers = pytest.importorskip("transformers")
     import torch

@@ -120,6 +120,20 @@ def test_a_draft_too_slow_to_ever_pay_is_not_probed():
     assert sum(k > 0 for k in slow_chosen[8:]) == 0 and sum(k > 0 for k in bad_chosen[8:]) >= 8, (slow_chosen, bad_chosen)
 
 
+def test_a_drafting_pass_that_catches_up_does_not_count_as_the_drafts_cost():
+    """A model draft's first pass reads the whole prompt, and a pass after plain passes reads
+    every token since: a slow pass that must not make the policy think drafting is dear."""
+    policy = AdaptiveLength(k_max=8, prior_c=0.05, prior_r=[1.0] * 9)
+    first = policy.choose()
+    policy.observe(first, [0.8] * first, [1] * first, 50.0, 1.0)  # the prompt read by the draft: 50 target passes' worth
+    chosen = [policy.choose()]
+    for _ in range(30):
+        k = chosen[-1]
+        policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 1.0)
+        chosen.append(policy.choose())
+    assert min(chosen) > 0 and chosen[-1] == optimal_k(0.8, 0.05, 8), chosen
+
+
 @pytest.mark.parametrize("prior_c, expect_draft", [(0.05, True), (2.0, False)])
 def test_a_cost_profile_lets_the_first_choice_be_right(prior_c, expect_draft):
     """Seeded with c and r(n) from the profiler, the first iteration already speculates when
@@ -150,6 +164,6 @@ def test_policies_validate_their_arguments():
 
 def test_a_float32_beta_just_above_one_is_taken_as_one():
     """beta = sum min(p, q) in float32 reads 1 + 1e-7 for a certain token (a self draft)."""
-    policy = AdaptiveLength(k_max=4, prior_c=0.1, prior_r=[1.0] * 5)
+    policy = AdaptiveLength(k_max=4, prior_c=0.1, prior_r=[1.0] * 5, prior_weight=0.0)  # the betas alone
     policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1)
     assert policy.alphas() == [1.0] * 4 and policy.choose() == 4

@@ -15,7 +15,11 @@ k = 0 (plain decoding) is chosen when nothing beats 1; the policy then probes k 
 `probe_every` iterations so that it notices when drafting pays again, unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
-since its last pass, for nothing). A policy only changes
+since its last pass, for nothing). The draft's cost
+is not taken from a drafting pass that follows plain passes, nor from the first one: there a
+model draft first reads every token committed since its last pass (the whole prompt, the
+first time), which says nothing about the cost per proposed token, and counting it made one
+catch-up keep the policy backed off. A policy only changes
 how many tokens are proposed, never which are committed, so exactness is untouched.
 Knows nothing of models or tokens.
 """
@@ -60,17 +64,21 @@ class FixedLength:
 
 
 class _Mean:
-    """An exponentially weighted mean that starts as a plain mean (no bias towards the prior)."""
+    """An exponentially weighted mean that starts as a plain mean. `get(default)` counts the
+    default as `prior_weight` observations, a weight halved by every observation (and dropped
+    below 0.01), so it steadies the first few estimates and is then gone."""
 
-    def __init__(self, decay: float):
-        self.decay, self.total, self.weight = decay, 0.0, 0.0
+    def __init__(self, decay: float, prior_weight: float = 0.0):
+        self.decay, self.total, self.weight, self.prior_weight = decay, 0.0, 0.0, prior_weight
 
     def add(self, value: float, weight: float = 1.0) -> None:
         self.total = self.decay * self.total + value * weight
         self.weight = self.decay * self.weight + weight
+        self.prior_weight = self.prior_weight / 2 if self.prior_weight > 0.01 else 0.0  # gone after ~8: a plain mean again
 
     def get(self, default: float) -> float:
-        return self.total / self.weight if self.weight > 0 else default
+        weight = self.weight + self.prior_weight
+        return (self.total + default * self.prior_weight) / weight if weight > 0 else default
 
 
 @dataclass
@@ -79,12 +87,15 @@ class AdaptiveLength:
     decay: float = 0.95  # per observation; about the last 20 iterations count
     probe_every: int = 16
     prior_alpha: float = 0.7  # for positions not verified yet
+    prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
+    #                            one greedy rejection (beta 0) at the start does not stop drafting
     prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     _alpha: list[_Mean] = field(init=False, repr=False)
     _target: dict[int, _Mean] = field(init=False, repr=False)
     _draft: _Mean = field(init=False, repr=False)
     _since_draft: int = field(init=False, default=0)
+    _drafted: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
@@ -99,14 +110,15 @@ class AdaptiveLength:
             self.prior_r = tuple(float(x) for x in self.prior_r)
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
-        self._alpha = [_Mean(self.decay) for _ in range(self.k_max)]
+        self._alpha = [_Mean(self.decay, self.prior_weight) for _ in range(self.k_max)]
         self._target = {}
         self._draft = _Mean(self.decay)
 
     # ---- estimates
 
     def alphas(self) -> list[float]:
-        """Per-position conditional acceptance; an unverified position borrows the one before."""
+        """Per-position conditional acceptance; a position's prior is the estimate of the one
+        before it (prior_alpha for the first), so an unverified position borrows it."""
         out: list[float] = []
         for mean in self._alpha:  # clamped: a float32 beta of a certain token can read 1 + 1e-7
             out.append(min(max(mean.get(out[-1] if out else self.prior_alpha), 0.0), 1.0))
@@ -181,8 +193,9 @@ class AdaptiveLength:
         if k == 0:
             self._since_draft += 1
             return
-        self._since_draft = 0
-        self._draft.add(draft_s / k)
+        if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
+            self._draft.add(draft_s / k)
+        self._since_draft, self._drafted = 0, True
         for i, (total, count) in enumerate(zip(beta_sums, verified)):
             if count:
                 self._alpha[i].add(total / count, 1.0)

@@ -2,18 +2,23 @@
 
 Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system in every round (the
 order fixed, so drift lands on all of them), medians of decode-only tokens/s:
-- verispec plain and verispec speculative at draft length k (the draft model, or prompt lookup
-  with `draft=None`), both on llama.cpp (`LlamaCppModel`): decode = total time - prefill;
+- verispec plain and verispec speculative at each draft length in `ks` (an int or "auto"; the
+  draft model, or prompt lookup with `draft_path=None`), on llama.cpp (`LlamaCppModel`):
+  decode = total time - prefill;
 - llama.cpp plain through llama-cpp-python (`Llama.generate`, its own sampler): decode = from
   the first generated token on;
-- llama.cpp's prompt lookup through llama-cpp-python (`LlamaPromptLookupDecoding`, k tokens);
+- llama.cpp's prompt lookup through llama-cpp-python (`LlamaPromptLookupDecoding`), with
+  `draft_path=None`, at each integer k;
 - llama.cpp's own speculative decoding, when `speculative_bin` names a directory holding
-  `llama-speculative-simple` (built from the same llama.cpp version): the same target and
-  draft files, `--draft-max k`, its other settings at their defaults; its decode speed and its
-  acceptance are read from its log.
-Every system generates max_new_tokens tokens per prompt, never stopping early (llama.cpp's own
+  `llama-speculative-simple` (built from the same llama.cpp version): the same target and draft
+  files, `--spec-draft-n-max k` for each integer k, flash attention off like every other
+  system here, its other settings at their defaults; its decode speed and acceptance are read
+  from its log.
+Every system generates max_new_tokens tokens per prompt, never stopping early (llama.cpp's
 program may go a few tokens past, by its own rule). Greedy outputs are compared with llama.cpp
-plain's, as token ids (as text for the external program, which prints text).
+plain's: as token ids in this process, as text for the external program (which prints text).
+For verispec, the time outside llama.cpp's passes (sampling, the rule, bookkeeping, copies of
+the logits) is reported per target pass and as a share of the target pass's own time.
 """
 
 from __future__ import annotations
@@ -26,26 +31,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .config import SamplingParams
+from .control import AdaptiveLength
 from .drafters.model import ModelDrafter
 from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
 from .models.llamacpp import GGUFTokenizer, LlamaCppModel
+from .profiler import profile_costs
 from .stats import SpecStats
 
 SPECULATIVE_PROGRAM = "llama-speculative-simple"
+PLAIN = "llama.cpp plain (llama-cpp-python)"
 
 
-def _llama_cpp_python(path: Path, n_ctx: int, threads: int, k: int, lookup: bool):
+def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None = None):
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if lookup else None
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                  draft_model=draft, verbose=False)
 
 
-def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> tuple[list[int], float]:
-    """(tokens, decode seconds): llama-cpp-python's generate, its prompt cache emptied first."""
+def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """llama-cpp-python's generate, its prompt cache emptied first; decode timed from the first token."""
     llm.reset()
     llm.set_seed(seed)
     tokens, first = [], None
@@ -56,7 +64,7 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
             first = time.perf_counter()
         if len(tokens) == max_new_tokens:
             break
-    return tokens, time.perf_counter() - first
+    return {"tokens": tokens, "decoded": len(tokens) - 1, "seconds": time.perf_counter() - first}
 
 
 def _run_speculative_program(program: Path, target: Path, draft: Path, text: str, max_new_tokens: int, k: int,
@@ -64,17 +72,17 @@ def _run_speculative_program(program: Path, target: Path, draft: Path, text: str
     """llama.cpp's own speculative decoding of one prompt: its text, decode speed and acceptance."""
     sampling = ["--temp", "0"] if temperature == 0 else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
     command = [str(program), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-               "-p", text, "-n", str(max_new_tokens), "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-s", str(seed), "-fa", "off", *sampling]
+               "-p", text, "-n", str(max_new_tokens), "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-s", str(seed),
+               "-fa", "off", *sampling]
     done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
     log = done.stderr
     speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
     if done.returncode != 0 or speed is None:
         tail = " / ".join(log.strip().splitlines()[-3:])
         raise RuntimeError(f"{program.name} failed (exit {done.returncode}): {tail}")
-    drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
-    accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
+    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
     printed = done.stdout.removeprefix("\n\n").removesuffix("\n\n")  # it prints the prompt, then the continuation
-    return {"text": printed.removeprefix(text), "tokens": int(speed.group(1)), "seconds": float(speed.group(2)),
+    return {"text": printed.removeprefix(text), "decoded": int(speed.group(1)), "seconds": float(speed.group(2)),
             "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
 
 
@@ -82,7 +90,7 @@ def run_llamacpp_peer_bench(
     target_path: str | Path,
     draft_path: str | Path | None,
     prompts: Sequence[str],
-    k: int = 4,
+    ks: Sequence[int | str] = (4,),
     max_new_tokens: int = 128,
     repeats: int = 3,
     temperature: float = 0.0,
@@ -91,99 +99,99 @@ def run_llamacpp_peer_bench(
     speculative_bin: str | Path | None = None,
     progress: Callable[[], None] | None = None,
 ) -> dict:
-    """Median decode tokens/s per system, ratios to llama.cpp plain, acceptance, and identity.
+    """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
+    speculative decoding at its best k, acceptance, verispec's own share, and identity.
     Prompts are texts, encoded with the target GGUF's own vocabulary. `draft_path=None`
     compares prompt lookup (verispec's and llama-cpp-python's) instead."""
-    if repeats < 1 or k < 1 or max_new_tokens < 2:
-        raise ValueError(f"repeats and k must be >= 1 and max_new_tokens >= 2, got {repeats}, {k}, {max_new_tokens}")
+    numeric = [k for k in ks if k != "auto"]
+    if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
+        raise ValueError(f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, {max_new_tokens}, {list(ks)}")
     target_path = Path(target_path)
     target = LlamaCppModel(target_path, threads)
+    draft = LlamaCppModel(draft_path, threads) if draft_path is not None else None
     threads = target.n_threads
     tokenizer = GGUFTokenizer(target)
     texts, prompts = list(prompts), [tokenizer.encode(text).ids for text in prompts]
-    n_ctx = max(map(len, prompts)) + max_new_tokens + k + 16
+    k_max = max(numeric or [8])
+    n_ctx = max(map(len, prompts)) + max_new_tokens + k_max + 16
     params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
-    stats: dict[str, SpecStats] = {}
-    own: dict[str, list[float]] = {}  # per verispec system: [decode seconds, seconds inside llama.cpp's passes, target forward seconds]
+    profile = None
+    if "auto" in ks:
+        profile = profile_costs(target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2))
 
-    def verispec(name: str, make_drafter) -> Callable[[list[int]], tuple[list[int], float]]:
-        def run(prompt: list[int]) -> tuple[list[int], float]:
-            run_stats, drafter = SpecStats(), make_drafter()
-            models = [target] + ([drafter.model] if isinstance(drafter, ModelDrafter) else [])
+    def verispec(k: int | str) -> Callable[[int], dict]:
+        def run(i: int) -> dict:
+            drafter = None if k == 0 else ModelDrafter(draft) if draft is not None else PromptLookupDrafter()
+            policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
+            models = [target] + ([draft] if isinstance(drafter, ModelDrafter) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
-            out = generate_all(target, [prompt], params, drafter, k=k if drafter is not None else 0, stats=run_stats)[0]
-            stats.setdefault(name, SpecStats()).add(run_stats.requests[0])
-            decode_s = run_stats.total_time_s - run_stats.prefill_time_s
-            totals = own.setdefault(name, [0.0, 0.0, 0.0])
-            totals[0] += decode_s
-            totals[1] += sum(m.forward_compute_s for m in models) - inside_before
-            totals[2] += target.forward_compute_s - target_before
-            return out, decode_s
+            stats = SpecStats()
+            tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
+            return {"tokens": tokens, "decoded": len(tokens), "seconds": stats.total_time_s - stats.prefill_time_s, "stats": stats,
+                    "inside": sum(m.forward_compute_s for m in models) - inside_before, "target": target.forward_compute_s - target_before}
         return run
 
-    plain = _llama_cpp_python(target_path, n_ctx, threads, k, lookup=False)
-    systems: dict[str, Callable[[list[int]], tuple[list[int], float]]] = {
-        "llama.cpp plain (llama-cpp-python)": lambda p: _run_llama_cpp_python(plain, p, max_new_tokens, temperature, seed),
-        "verispec plain": verispec("verispec plain", lambda: None),
-    }
-    if draft_path is not None:
-        draft = LlamaCppModel(draft_path, threads)
-        systems[f"verispec k={k}"] = verispec(f"verispec k={k}", lambda: ModelDrafter(draft))
-    else:
-        lookup = _llama_cpp_python(target_path, n_ctx, threads, k, lookup=True)
-        systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = lambda p: _run_llama_cpp_python(lookup, p, max_new_tokens, temperature, seed)
-        systems[f"verispec prompt lookup k={k}"] = verispec(f"verispec prompt lookup k={k}", PromptLookupDrafter)
-    program = Path(speculative_bin) / SPECULATIVE_PROGRAM if speculative_bin else None
-    if program is not None and draft_path is not None:
+    plain = _llama_cpp_python(target_path, n_ctx, threads)
+    systems: dict[str, Callable[[int], dict]] = {PLAIN: lambda i: _run_llama_cpp_python(plain, prompts[i], max_new_tokens, temperature, seed),
+                                                 "verispec plain": verispec(0)}
+    name = "verispec k={}" if draft is not None else "verispec prompt lookup k={}"
+    for k in ks:
+        systems[name.format(k)] = verispec(k)
+    if draft is None:
+        for k in numeric:
+            lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)
+            systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = (
+                lambda i, lookup=lookup: _run_llama_cpp_python(lookup, prompts[i], max_new_tokens, temperature, seed))
+    elif speculative_bin is not None:
+        program = Path(speculative_bin) / SPECULATIVE_PROGRAM
         if not program.is_file():
-            raise ValueError(f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there (see docs/LLAMACPP.md to build it)")
-        speculative_name = f"llama.cpp speculative k={k} ({SPECULATIVE_PROGRAM})"
-    speeds: dict[str, list[float]] = {name: [] for name in systems}
-    outputs: dict[str, list[list[int]]] = {}
-    own_runs: list[list[dict]] = []
+            raise ValueError(f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there (benchmarks/build_llama_speculative.sh builds it)")
+        for k in numeric:
+            systems[f"llama.cpp speculative k={k} ({SPECULATIVE_PROGRAM})"] = (
+                lambda i, k=k: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens, k, temperature,
+                                                        seed, threads, n_ctx + 64))
+    rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
     for _ in range(repeats):
-        for name, run in systems.items():
-            results = [run(list(p)) for p in prompts]
-            speeds[name].append(sum(len(t) - (1 if "llama-cpp-python" in name else 0) for t, _ in results) / sum(s for _, s in results))
-            outputs[name] = [t for t, _ in results]
+        for system, run in systems.items():
+            rounds[system].append([run(i) for i in range(len(prompts))])
             if progress:
                 progress()
-        if program is not None and draft_path is not None:
-            own_runs.append([_run_speculative_program(program, target_path, Path(draft_path), text, max_new_tokens, k, temperature, seed, threads,
-                                                      n_ctx + 64) for text in texts])
-            if progress:
-                progress()
-    reference = outputs["llama.cpp plain (llama-cpp-python)"]
+    return _report(rounds, tokenizer, dict(
+        ks=list(ks), max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
+        target=str(target_path), draft=None if draft_path is None else str(draft_path), target_description=target.config.description,
+        draft_description=None if draft is None else draft.config.description, profile=None if profile is None else profile.to_dict(),
+        note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; own_ms_per_pass = verispec's time per "
+             "target pass outside llama.cpp's passes (sampling, the rule, bookkeeping, logits copies); own_share_of_target_pass = that "
+             "over the target pass's own time"))
+
+
+def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, header: dict) -> dict:
+    reference = [r["tokens"] for r in rounds[PLAIN][-1]]
+    reference_text = [tokenizer.decode(t) for t in reference]
     rows = []
-    for name in systems:
-        row = {"system": name, "tokens_per_s": statistics.median(speeds[name])}
-        if name in stats:
-            passes = stats[name].target_passes
-            decode_s, inside_s, target_s = own[name]
-            row.update(alpha_hat=stats[name].alpha_hat, beta=stats[name].beta if stats[name].proposed else None,
-                       mean_tokens_per_pass=stats[name].mean_tokens_per_pass,
-                       own_ms_per_pass=1e3 * (decode_s - inside_s) / passes,  # verispec's share: sampling, the rule, bookkeeping, copies
+    for system, runs in rounds.items():
+        row = {"system": system, "tokens_per_s": statistics.median(sum(r["decoded"] for r in rs) / sum(r["seconds"] for r in rs) for rs in runs)}
+        last = runs[-1]
+        if "stats" in last[0]:
+            stats = SpecStats()
+            for result in (r for rs in runs for r in rs):
+                stats.add(result["stats"].requests[0])
+            decode_s, inside_s, target_s = (sum(r[key] for rs in runs for r in rs) for key in ("seconds", "inside", "target"))
+            row.update(alpha_hat=stats.alpha_hat if stats.proposed else None, beta=stats.beta if stats.proposed else None,
+                       mean_tokens_per_pass=stats.mean_tokens_per_pass, own_ms_per_pass=1e3 * (decode_s - inside_s) / stats.target_passes,
                        own_share_of_target_pass=(decode_s - inside_s) / target_s)
-        if temperature == 0:
-            row["identical_to_llamacpp_plain"] = outputs[name] == reference
-        rows.append(row)
-    if own_runs:
-        row = {"system": speculative_name, "tokens_per_s": statistics.median(sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs) for runs in own_runs)}
-        drafted, accepted = sum(r["drafted"] for r in own_runs[-1]), sum(r["accepted"] for r in own_runs[-1])
-        row["alpha_hat"] = accepted / drafted if drafted else None
-        if temperature == 0:  # it prints text: compare with llama.cpp plain's text, over what both produced
-            plain_texts = [tokenizer.decode(t) for t in reference]
-            row["identical_to_llamacpp_plain"] = all(a.startswith(b) or b.startswith(a) for a, b in
-                                                     zip((r["text"] for r in own_runs[-1]), plain_texts))
+        elif "drafted" in last[0]:
+            drafted = sum(r["drafted"] for r in last)
+            row["alpha_hat"] = sum(r["accepted"] for r in last) / drafted if drafted else None
+        if header["temperature"] == 0:
+            if "tokens" in last[0]:
+                row["identical_to_llamacpp_plain"] = [r["tokens"] for r in last] == reference
+            else:  # text, over what both produced (the program may decode a few tokens more)
+                row["identical_to_llamacpp_plain"] = all(a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text))
         rows.append(row)
     base = rows[0]["tokens_per_s"]
-    by_name = {row["system"]: row["tokens_per_s"] for row in rows}
+    own = [row["tokens_per_s"] for row in rows if row["system"].startswith("llama.cpp speculative")]
     for row in rows:
         row["vs_llamacpp_plain"] = row["tokens_per_s"] / base
-        row["vs_llamacpp_speculative"] = row["tokens_per_s"] / by_name[speculative_name] if own_runs else None
-    return {"k": k, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(prompts), "temperature": temperature,
-            "threads": threads, "target": str(target_path), "draft": None if draft_path is None else str(draft_path),
-            "target_description": target.config.description, "runs": rows,
-            "note": "decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; own_ms_per_pass = verispec's "
-                    "time per target pass outside llama.cpp's passes (sampling, the rule, bookkeeping, logits copies), "
-                    "own_share_of_target_pass = that over the target pass's own time"}
+        row["vs_llamacpp_speculative_best"] = row["tokens_per_s"] / max(own) if own else None
+    return {**header, "runs": rows}
