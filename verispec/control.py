@@ -7,7 +7,8 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
   acceptance probability; lower variance than counting accepts);
 - c = t_draft per token / t_target(1) and r(n) = t_target(n) / t_target(1), from the
-  iteration times, where "target" time is everything in an iteration but the draft passes
+  iteration times (the draft's time as a fixed cost per drafting pass plus a cost per token,
+  fitted over the draft lengths tried; the fixed part joins r(n)), where "target" time is everything in an iteration but the draft passes
   (verification, sampling and bookkeeping included: that is what a pass really costs).
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
 iteration; without one it starts with one plain pass and one k = 4 pass to measure.
@@ -64,9 +65,11 @@ class FixedLength:
 
 
 class _Mean:
-    """An exponentially weighted mean that starts as a plain mean. `get(default)` counts the
-    default as `prior_weight` observations, a weight halved by every observation (and dropped
-    below 0.01), so it steadies the first few estimates and is then gone."""
+    """An exponentially weighted mean. `get(default)` counts the default as `prior_weight`
+    observations, a weight halved by every observation (and dropped below 0.01), so it steadies
+    the first few estimates and is then gone; and, once the evidence has faded below one
+    observation (`fade`: iterations that observed nothing here), as the missing weight, so that
+    an estimate nobody checks any more returns to the default instead of freezing."""
 
     def __init__(self, decay: float, prior_weight: float = 0.0):
         self.decay, self.total, self.weight, self.prior_weight = decay, 0.0, 0.0, prior_weight
@@ -76,9 +79,14 @@ class _Mean:
         self.weight = self.decay * self.weight + weight
         self.prior_weight = self.prior_weight / 2 if self.prior_weight > 0.01 else 0.0  # gone after ~8: a plain mean again
 
+    def fade(self) -> None:
+        """An iteration without an observation: old evidence counts a little less."""
+        self.total *= self.decay
+        self.weight *= self.decay
+
     def get(self, default: float) -> float:
-        weight = self.weight + self.prior_weight
-        return (self.total + default * self.prior_weight) / weight if weight > 0 else default
+        prior = max(self.prior_weight, 1.0 - self.weight)  # evidence faded below one observation: the default returns
+        return (self.total + default * prior) / (self.weight + prior)
 
 
 @dataclass
@@ -93,7 +101,7 @@ class AdaptiveLength:
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     _alpha: list[_Mean] = field(init=False, repr=False)
     _target: dict[int, _Mean] = field(init=False, repr=False)
-    _draft: _Mean = field(init=False, repr=False)
+    _draft: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by k
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -112,7 +120,7 @@ class AdaptiveLength:
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
         self._alpha = [_Mean(self.decay, self.prior_weight) for _ in range(self.k_max)]
         self._target = {}
-        self._draft = _Mean(self.decay)
+        self._draft = {}
 
     # ---- estimates
 
@@ -153,17 +161,37 @@ class AdaptiveLength:
         slope = (r[-1] - r[0]) / max(len(r) - 1, 1)
         return r[-1] + slope * (n - len(r))
 
+    def draft_cost(self) -> tuple[float, float] | None:
+        """(fixed seconds per drafting pass, seconds per proposed token) from the measured passes:
+        a least-squares line through t_draft(k) when two or more k were timed (a draft model whose
+        weights the target's pass pushed out of the cache pays more for its first token), else
+        t_draft(k) / k per token. None before any."""
+        points = [(k, mean.get(0.0)) for k, mean in sorted(self._draft.items())]
+        if not points:
+            return None
+        per_token = sum(t for _, t in points) / sum(k for k, _ in points)
+        if len(points) == 1:
+            return 0.0, per_token
+        mean_k = sum(k for k, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((k - mean_k) * (t - mean_t) for k, t in points) / sum((k - mean_k) ** 2 for k, _ in points)
+        fixed = mean_t - slope * mean_k
+        return (fixed, slope) if slope > 0 and fixed >= 0 else (0.0, per_token)
+
     def _model_inputs(self) -> tuple[list[float], float, list[float]] | None:
-        """(alphas, c, r(1..k_max+1)) for the refined model, or None before anything is known."""
+        """(alphas, c, r(1..k_max+1)) for the refined model, or None before anything is known.
+        A fixed draft cost per drafting pass is folded into r(n) for n >= 2 (in units of t(1)),
+        so that c is the cost of one more proposed token."""
         t1 = self.target_seconds(1)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
             r = [self._prior_ratio(n) / self._prior_ratio(1) for n in range(1, self.k_max + 2)]
             return self.alphas(), self.prior_c, r
-        if t1 is None or (self._draft.weight == 0 and self.prior_c is None):
+        cost = self.draft_cost()
+        if t1 is None or (cost is None and self.prior_c is None):
             return None
-        c = self._draft.get(0.0) / t1 if self._draft.weight > 0 else self.prior_c
-        r = [1.0] + [self.target_seconds(n) / t1 for n in range(2, self.k_max + 2)]
-        return self.alphas(), c, r
+        fixed, per_token = cost if cost is not None else (0.0, self.prior_c * t1)
+        r = [1.0] + [(self.target_seconds(n) + fixed) / t1 for n in range(2, self.k_max + 2)]
+        return self.alphas(), per_token / t1, r
 
     def predicted_speedups(self) -> list[float]:
         """S(k) for k = 0..k_max from the current estimates (S(0) = 1); [] before any."""
@@ -181,6 +209,8 @@ class AdaptiveLength:
             return 0 if self.target_seconds(1) is None else min(4, self.k_max)
         alphas, c, r = inputs
         best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
+        if 0 < best < self.k_max and len(self._draft) == 1 and best in self._draft:
+            return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
         if best == 0 and self._since_draft + 1 >= self.probe_every:
             # probe: has acceptance risen? Not when even a draft that is always accepted could
             # not pay at this c and r(n): acceptance is not the question then.
@@ -194,8 +224,11 @@ class AdaptiveLength:
             self._since_draft += 1
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
-            self._draft.add(draft_s / k)
+            self._draft.setdefault(k, _Mean(self.decay)).add(draft_s)
         self._since_draft, self._drafted = 0, True
-        for i, (total, count) in enumerate(zip(beta_sums, verified)):
+        for i, mean in enumerate(self._alpha):
+            count = verified[i] if i < len(verified) else 0
             if count:
-                self._alpha[i].add(total / count, 1.0)
+                mean.add(beta_sums[i] / count, 1.0)
+            else:  # not proposed (or not reached): the estimate drifts back to the one before it
+                mean.fade()
