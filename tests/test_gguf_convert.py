@@ -343,6 +343,19 @@ class TestLlamaCpp:
         assert np.abs(llama_logits(model, prompt) - expected).max() < 1e-3 * max(1.0, np.abs(expected).max())
         assert llama_greedy(model, prompt, 24) == torch_greedy(directory, prompt, 24)
 
+    @pytest.mark.parametrize("which", ["toy target", "built-in draft"])
+    def test_greedy_continuation_equals_transformers(self, llama_cpp, which, toy, draft_f32, tmp_path):
+        """The converted f32 file on llama.cpp continues as transformers does on the directory."""
+        transformers = pytest.importorskip("transformers")
+        directory, path = (toy[0], convert(toy[0], tmp_path / "t.gguf")) if which == "toy target" else (DRAFT_DIR, draft_f32)
+        prompt = load_tokenizer(directory).encode(TEXTS[0] + TEXTS[1]).ids
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                   pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        assert llama_greedy(llama(llama_cpp, path), prompt, 24) == expected
+
     def test_unpermuted_q_and_k_give_other_logits(self, llama_cpp, draft_f32, tmp_path):
         """Negative control: the comparison above sees the RoPE layout."""
         prompt = load_tokenizer(DRAFT_DIR).encode(TEXTS[0]).ids

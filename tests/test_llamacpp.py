@@ -161,3 +161,48 @@ def test_a_forward_larger_than_one_llama_cpp_batch_is_split(toy_model):
     for row in range(2):
         alone = toy_model(ids[row : row + 1])[0]
         assert torch.allclose(together[row], alone, atol=1e-3, rtol=0)
+
+
+def test_the_backend_is_chosen_by_format_and_name(toy, tmp_path):
+    from verispec.models.backend import load
+    from verispec.models.llama import LlamaForCausalLM
+
+    directory, gguf = toy
+    assert isinstance(load(gguf)[0], LlamaCppModel) and isinstance(load(directory)[0], LlamaCppModel)  # auto: llama.cpp runs here
+    assert isinstance(load(directory, "torch")[0], LlamaForCausalLM)
+    with pytest.raises(CheckpointError, match="runs on llama.cpp"):
+        load(gguf, "torch")
+    with pytest.raises(ValueError, match="--backend"):
+        load(directory, "onnx")
+    with pytest.raises(ValueError, match="--gguf-type"):
+        load(directory, "llamacpp", gguf_type="q2_k")
+
+
+def test_auto_falls_back_to_torch_with_a_reason_and_llamacpp_refuses(tmp_path):
+    """A model llama.cpp cannot take from a directory (not Llama-family: GPT-2 here)."""
+    transformers = pytest.importorskip("transformers")
+    from verispec.models.backend import load
+    from verispec.models.hf import HFCausalLM
+
+    config = transformers.GPT2Config(vocab_size=16, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
+    model, note = load(tmp_path / "gpt2")
+    assert isinstance(model, HFCausalLM) and note.startswith("using the torch backend") and "\n" not in note
+    with pytest.raises(CheckpointError, match="gpt2"):
+        load(tmp_path / "gpt2", "llamacpp")
+
+
+def test_generate_from_the_command_line_with_gguf_target_and_draft(toy, tmp_path, capsys):
+    from verispec.cli import main
+
+    directory, gguf = toy
+    draft = convert(directory.parent / "draft", tmp_path / "draft.gguf", "f32")
+    common = ["generate", "def f(x):", "--max-new-tokens", "12", "--ignore-eos", "--k", "3"]
+    assert main(common + ["--target", str(gguf), "--draft", str(draft)]) == 0
+    on_gguf = capsys.readouterr().out.splitlines()
+    assert main(common + ["--target", str(directory), "--draft", str(directory.parent / "draft")]) == 0  # converted, cached
+    on_directories = capsys.readouterr().out.splitlines()
+    assert on_gguf[:-1] == on_directories[:-1] and "alpha_hat" in on_gguf[-1]
+    assert main(common + ["--target", str(gguf), "--draft", str(directory.parent / "draft")]) == 0  # mixed formats
+    assert main(common + ["--target", str(gguf), "--backend", "torch"]) == 2
+    assert "runs on llama.cpp" in capsys.readouterr().err

@@ -445,7 +445,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
         alpha = "-" if row.get("alpha_hat") is None else f"{row['alpha_hat']:.3f}"
         own = "-" if "own_ms_per_pass" not in row else f"{row['own_ms_per_pass']:.2f} ({row['own_share_of_target_pass']:.0%})"
         print(f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} {best:>22} {alpha:>9} {own:>11}  "
-              f"{row.get('identical_to_llamacpp_plain', '-')}")
+              f"{row.get('identical_to_llamacpp_plain', '-')} ({row.get('identical_prompts', '-')}/{result['prompts']})")
     print(f"target {result['target_description']}, draft {result['draft_description']}; T={temperature}, batch 1, {args.max_new_tokens} new tokens "
           f"per prompt, {result['threads']} threads, decode-only tokens/s, median of {args.repeats} rounds; own ms/pass: verispec's time "
           "outside llama.cpp per target pass (share of the target pass)")

@@ -74,9 +74,12 @@ def _run_speculative_program(program: Path, target: Path, draft: Path, text: str
     command = [str(program), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
                "-p", text, "-n", str(max_new_tokens), "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-s", str(seed),
                "-fa", "off", *sampling]
-    done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
-    log = done.stderr
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
+        log = done.stderr
+        speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        if done.returncode == 0 and speed is not None:
+            break
     if done.returncode != 0 or speed is None:
         tail = " / ".join(log.strip().splitlines()[-3:])
         raise RuntimeError(f"{program.name} failed (exit {done.returncode}): {tail}")
@@ -185,9 +188,10 @@ def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, heade
             row["alpha_hat"] = sum(r["accepted"] for r in last) / drafted if drafted else None
         if header["temperature"] == 0:
             if "tokens" in last[0]:
-                row["identical_to_llamacpp_plain"] = [r["tokens"] for r in last] == reference
+                same = [r["tokens"] == tokens for r, tokens in zip(last, reference)]
             else:  # text, over what both produced (the program may decode a few tokens more)
-                row["identical_to_llamacpp_plain"] = all(a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text))
+                same = [a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text)]
+            row["identical_to_llamacpp_plain"], row["identical_prompts"] = all(same), sum(same)
         rows.append(row)
     base = rows[0]["tokens_per_s"]
     own = [row["tokens_per_s"] for row in rows if row["system"].startswith("llama.cpp speculative")]

@@ -68,16 +68,15 @@ class ModelDrafter:
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
             if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
-                token = logits[:, -1].float().argmax(dim=-1)  # [B]
-                q = torch.zeros(logits.shape[0], logits.shape[-1], device=logits.device).scatter_(-1, token[:, None], 1.0)
-            else:
-                q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
-                token = sample(q, generator)
-            token_ids.append(token)
+                token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
+                continue
+            q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
+            token_ids.append(sample(q, generator))
             probs.append(q)
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k]
         self._last_proposal = draft_token_ids[:, -1]
-        return draft_token_ids, torch.stack(probs, dim=1)  # [B, k, V]
+        # greedy: q is one-hot at each proposal, which is what draft_probs = None declares
+        return draft_token_ids, (None if params.greedy else torch.stack(probs, dim=1))  # [B, k, V]
 
     def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids [B, W] (row b's real tokens first, then pads); logits [B, 1, V] at each row's

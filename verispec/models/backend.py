@@ -68,6 +68,8 @@ def load(
             if backend == "llamacpp":
                 raise
             why_not = str(error)
+        except ImportError as error:  # llama-cpp-python without the gguf package
+            why_not = f"converting to GGUF needs the gguf package (pip install 'verispec[llamacpp]'): {error}"
     if backend == "llamacpp":
         raise CheckpointError(f"{path}: cannot run on llama.cpp: {why_not}")
     return load_model(path, dtype, device), f"using the torch backend for {path}: {why_not}"

@@ -137,12 +137,16 @@ class CacheLengths:
         self.lengths += num_tokens
         self._host_lengths = [n + num_tokens for n in self._host_lengths]
 
-    def rollback(self, lengths: list[int]) -> None:
-        """Keep the first lengths[b] positions of row b; never copies the per-position state."""
-        if len(lengths) != self.batch_size:
-            raise ValueError(f"rollback needs {self.batch_size} lengths, got {len(lengths)}")
+    def check_rollback(self, lengths: list[int]) -> None:
+        """A rollback only lowers lengths, one per row."""
+        if len(lengths) != len(self._host_lengths):
+            raise ValueError(f"rollback needs {len(self._host_lengths)} lengths, got {len(lengths)}")
         if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
             raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
+
+    def rollback(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] positions of row b; never copies the per-position state."""
+        self.check_rollback(lengths)
         self._host_lengths = list(lengths)
         self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
 

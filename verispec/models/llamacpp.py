@@ -200,23 +200,35 @@ class _Context:
 
 
 class LlamaCppCache(CacheLengths):
-    """Per-row lengths over one llama.cpp context (row b = sequence b); rollback removes positions."""
+    """Per-row lengths over one llama.cpp context (row b = sequence b); rollback removes positions.
+    The lengths live on the host only (`lengths` is made from them when asked for)."""
 
     def __init__(self, model: "LlamaCppModel", context: _Context, batch_size: int, max_length: int):
-        super().__init__(batch_size, max_length, "cpu")
+        self.max_length, self._host_lengths = max_length, [0] * batch_size
         self.model, self.context = model, context
+
+    @property
+    def lengths(self) -> torch.Tensor:  # [B]
+        return torch.tensor(self._host_lengths, dtype=torch.long)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._host_lengths)
+
+    def advance(self, num_tokens: int) -> None:
+        self._host_lengths = [n + num_tokens for n in self._host_lengths]
 
     def rollback(self, lengths: list[int]) -> None:
         """Keep the first lengths[b] positions of row b; llama.cpp forgets the rest."""
+        self.check_rollback(lengths)
         before = self._host_lengths
-        super().rollback(lengths)
         for seq, (old, new) in enumerate(zip(before, lengths)):
             if new < old:
                 _llama().llama_memory_seq_rm(self.context.memory, seq, new, -1)
+        self._host_lengths = list(lengths)
 
     def set_lengths(self, lengths: list[int]) -> None:
         self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long)
 
     def __del__(self) -> None:
         if not sys.is_finalizing():
