@@ -1,4 +1,4 @@
-"""Markdown tables for BENCHMARKS.md from the JSON files of `verispec bench`, `bench --peer hf` and `plan`.
+"""Markdown tables for BENCHMARKS.md from the JSON files of `verispec bench`, `bench --peer hf|llamacpp` and `plan`.
 
 Usage: python benchmarks/tables.py FILE.json [...]  (the kind of each file is read from its fields)
 """
@@ -39,6 +39,19 @@ def peer_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def llamacpp_peer_table(result: dict) -> str:
+    lines = ["| system | decode tokens/s | vs llama.cpp plain | vs llama.cpp speculative (its best k) | alpha_hat | tokens / pass | "
+             "verispec's own ms per pass (share of the target pass) | identical to llama.cpp plain |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        best = "-" if r["vs_llamacpp_speculative_best"] is None else f"{r['vs_llamacpp_speculative_best']:.2f}"
+        alpha = "-" if r.get("alpha_hat") is None else f"{r['alpha_hat']:.3f}"
+        passes = "-" if "mean_tokens_per_pass" not in r else f"{r['mean_tokens_per_pass']:.2f}"
+        own = "-" if "own_ms_per_pass" not in r else f"{r['own_ms_per_pass']:.2f} ({r['own_share_of_target_pass']:.0%})"
+        same = "-" if "identical_prompts" not in r else f"{r['identical_prompts']}/{result['prompts']}"
+        lines.append(f"| {r['system']} | {r['tokens_per_s']:.1f} | {r['vs_llamacpp_plain']:.2f} | {best} | {alpha} | {passes} | {own} | {same} |")
+    return "\n".join(lines)
+
+
 def plan_table(report: dict) -> str:
     k_max = report["k_max"]
     lines = ["| candidate | beta | c | alpha by position | " + " | ".join(f"S({k})" for k in range(1, k_max + 1)) + " | recommended |",
@@ -55,6 +68,8 @@ def main(paths: list[str]) -> None:
         print(f"<!-- {path} -->")
         if "candidates" in data:
             print(plan_table(data))
+        elif data["runs"] and "vs_llamacpp_plain" in data["runs"][0]:
+            print(llamacpp_peer_table(data))
         elif data["runs"] and "system" in data["runs"][0]:
             print(peer_table(data))
         else:
