@@ -12,7 +12,8 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
   (verification, sampling and bookkeeping included: that is what a pass really costs).
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
 iteration; without one it starts with one plain pass and one k = 4 pass to measure.
-k = 0 (plain decoding) is chosen when nothing beats 1; the policy then probes k = 1 every
+k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
+verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 every
 `probe_every` iterations so that it notices when drafting pays again, unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
@@ -73,16 +74,19 @@ class _Mean:
 
     def __init__(self, decay: float, prior_weight: float = 0.0):
         self.decay, self.total, self.weight, self.prior_weight = decay, 0.0, 0.0, prior_weight
+        self.count = 0  # observations ever
 
     def add(self, value: float, weight: float = 1.0) -> None:
+        self.count += 1
         self.total = self.decay * self.total + value * weight
         self.weight = self.decay * self.weight + weight
         self.prior_weight = self.prior_weight / 2 if self.prior_weight > 0.01 else 0.0  # gone after ~8: a plain mean again
 
     def fade(self) -> None:
-        """An iteration without an observation: old evidence counts a little less."""
-        self.total *= self.decay
-        self.weight *= self.decay
+        """An iteration without an observation: old evidence counts less (four times faster than
+        evidence that keeps coming, so that an estimate left behind is soon questioned again)."""
+        self.total *= self.decay**4
+        self.weight *= self.decay**4
 
     def get(self, default: float) -> float:
         prior = max(self.prior_weight, 1.0 - self.weight)  # evidence faded below one observation: the default returns
@@ -97,6 +101,7 @@ class AdaptiveLength:
     prior_alpha: float = 0.7  # for positions not verified yet
     prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
     #                            one greedy rejection (beta 0) at the start does not stop drafting
+    min_evidence: int = 8  # betas at the first position before the policy stops drafting altogether
     prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     _alpha: list[_Mean] = field(init=False, repr=False)
@@ -211,9 +216,11 @@ class AdaptiveLength:
         best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
         if 0 < best < self.k_max and len(self._draft) == 1 and best in self._draft:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
-        if best == 0 and self._since_draft + 1 >= self.probe_every:
-            # probe: has acceptance risen? Not when even a draft that is always accepted could
-            # not pay at this c and r(n): acceptance is not the question then.
+        probing = self._alpha[0].count < self.min_evidence or self._since_draft + 1 >= self.probe_every
+        if best == 0 and probing:
+            # too few betas to give up on drafting (greedy betas are 0 or 1: two early rejections
+            # say little), or time to probe: has acceptance risen? Not when even a draft that is
+            # always accepted could not pay at this c and r(n): acceptance is not the question then.
             if refined_optimal_k([1.0] * self.k_max, c, r, k_max=self.k_max)[0] > 0:
                 return 1
         return best
