@@ -22,7 +22,9 @@ from .checkpoint import load_tokenizer
 def _tokens(directory: str | Path) -> tuple[dict[str, int], set[str]] | None:
     """(token -> id, special tokens) from directory/tokenizer.json or a GGUF file's vocabulary
     (byte-level BPE tokens are stored as the same strings in both); None without one."""
-    if str(directory).lower().endswith(".gguf"):
+    from .backend import is_gguf
+
+    if is_gguf(directory):
         from .gguf_convert import gguf_vocab
 
         vocab, special = gguf_vocab(directory)
