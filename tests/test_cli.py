@@ -46,6 +46,10 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
         (["generate", "--target", "{target}"], "no prompt"),
         (["generate", "hi", "--k", "x"], "--k"),
         (["generate", "hi", "--target", "{target}", "--draft", "{target}", "--k", "auto", "--k-max", "0"], "k_max"),
+        (["generate", "hi", "--target", "{target}", "--max-new-tokens", "100000"], "context of 2048 positions"),
+        (["generate", "hi", "--target", "{target}", "--backend", "onnx"], "--backend"),
+        (["generate", "hi", "--target", "{target}", "--gguf-type", "q2_k"], "--gguf-type"),
+        (["convert", "--model", "/nonexistent/dir", "--out", "/tmp/x.gguf"], "no config.json"),
         (["frobnicate"], "invalid choice"),
     ],
 )

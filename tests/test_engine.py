@@ -474,3 +474,17 @@ def test_bad_input_raises_value_error(markov, prompts, k, message):
         generate_all(target, prompts, params, ModelDrafter(drafts["close"]), k=k)
     with pytest.raises(ValueError, match=message):  # the generator raises at its first step
         next(generate(target, prompts, params, ModelDrafter(drafts["close"]), k=k))
+
+
+def test_a_prompt_and_budget_beyond_the_models_context_is_refused_before_any_work(llama):
+    """Past max_position_embeddings a model produces garbage: one ValueError, nothing generated."""
+    target = llama["target"]
+    context = target.config.max_position_embeddings
+    prompt = [1] * (context - 10)
+    assert len(generate_all(target, [prompt], SamplingParams(temperature=0, max_new_tokens=10))[0]) == 10  # exactly fits
+    calls = []
+    drafter = ModelDrafter(llama["close"])
+    drafter.start = lambda *args: calls.append(args)
+    with pytest.raises(ValueError, match=f"context of {context} positions"):
+        generate_all(target, [[1, 2], prompt], SamplingParams(temperature=0, max_new_tokens=11), drafter, k=2)
+    assert calls == []

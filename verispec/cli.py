@@ -239,6 +239,9 @@ def _generate(args: argparse.Namespace) -> int:
     prompt_ids = tokenizer.encode(prompt).ids
     if not prompt_ids:
         return _fail("the prompt encodes to no tokens")
+    from .engine import check_context
+
+    check_context(target, [prompt_ids], args.max_new_tokens)  # before the cost profile, which reads that long a context
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)  # validated before any work
     if isinstance(target, torch.nn.Module):
         from .models.kernels import kernel_status

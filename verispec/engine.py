@@ -42,6 +42,16 @@ def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[li
     return checked
 
 
+def check_context(target, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """ValueError (one line) when the longest prompt plus max_new_tokens does not fit in the
+    target's context (`config.max_position_embeddings`, a GGUF's training context): past it a
+    model produces garbage. Models that declare no context are not checked."""
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    longest = max((len(p) for p in prompts), default=0)
+    if isinstance(context, int) and longest + max_new_tokens > context:
+        raise ValueError(f"the prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's context of {context} positions")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":  # timings only mean something once queued work is done
         torch.cuda.synchronize(device)
@@ -102,6 +112,7 @@ def generate(
     if drafter is None:
         policy = FixedLength(0)
     prompts = _check_prompts(prompts, target.vocab_size)
+    check_context(target, prompts, params.max_new_tokens)
     device, batch = target.device, len(prompts)
     stats = stats if stats is not None else SpecStats()
     requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
