@@ -226,3 +226,12 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
     assert result["runs"][0]["greedy_identical"] is True
     assert main(["bench", *common, "--draft", "early-exit:x"]) == 2
     assert "early-exit:L needs a layer count" in capsys.readouterr().err
+
+
+def test_the_profile_stays_within_the_models_context(pair):
+    """The context bucket rounds up (2040 -> 2048); the profile must still fit k_max + 1 more
+    positions in the model's 2048."""
+    _, _, target, _ = pair
+    limit = target.config.max_position_embeddings
+    profile = profile_costs(target, None, k_max=3, context_length=limit - 8, repeats=1, warmup=0, use_cache=False)
+    assert profile.context_length + 3 + 1 <= limit < context_bucket(limit - 8) + 3 + 1

@@ -50,6 +50,7 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
         (["generate", "hi", "--target", "{target}", "--backend", "onnx"], "--backend"),
         (["generate", "hi", "--target", "{target}", "--gguf-type", "q2_k"], "--gguf-type"),
         (["convert", "--model", "/nonexistent/dir", "--out", "/tmp/x.gguf"], "no config.json"),
+        (["profile", "--target", "{target}", "--context", "100000"], "context of 2048 positions"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -340,6 +340,9 @@ def _profile(args: argparse.Namespace) -> int:
     draft = _model(args.draft, dtype, args) if args.draft else None
     if args.compare_quantized:
         return _compare_quantized(target, args)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and args.context + args.k_max + 1 > limit:
+        return _fail(f"--context {args.context} plus --k-max {args.k_max} + 1 exceeds the model's context of {limit} positions")
     profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
     if isinstance(target, torch.nn.Module):
         engine = f"{args.dtype}, {kernel_status()}"

@@ -66,6 +66,11 @@ def profile_costs(
     if batch_size < 1 or context_length < 1 or repeats < 1:
         raise ValueError("batch_size, context_length and repeats must be >= 1")
     context = context_bucket(context_length)
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int):  # measure within the model's context (the bucket rounds up)
+        if limit < k_max + 2:
+            raise ValueError(f"k_max ({k_max}) does not fit in the model's context of {limit} positions")
+        context = min(context, limit - k_max - 1)
     key = (id(target), id(draft_model), target.dtype, batch_size, context, k_max)
     if use_cache and key in _CACHE:
         return _CACHE[key]
