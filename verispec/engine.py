@@ -66,8 +66,18 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
     return tokens, ("length" if len(tokens) == budget else None)
 
 
+def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams) -> torch.Tensor:
+    """The target's pass over input_ids [B, k+1], as the rule needs it: at temperature 0 the
+    argmax ids [B, k+1] (`forward_argmax` where the model offers it: no logits tensor), else
+    the raw logits [B, k+1, V]."""
+    if params.greedy:
+        forward_argmax = getattr(target, "forward_argmax", None)
+        return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
+    return target(input_ids, cache)
+
+
 def _rule(
-    logits: torch.Tensor,  # [B, k+1, V] the target's raw logits
+    scores: torch.Tensor,  # [B, k+1] the target's argmax ids at T = 0, else [B, k+1, V] its raw logits
     draft_token_ids: torch.Tensor,  # [B, k]
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     params: SamplingParams,
@@ -75,19 +85,18 @@ def _rule(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The accept-reject rule on one pass: (output [B, k+1], num_accepted [B], beta [B, k]).
 
-    At temperature 0 p is one-hot at the argmax, so the rule is `verify_greedy` on token ids
-    and beta = sum min(p, q) = q(argmax): the same result as the general path without its
-    [B, k+1, V] work."""
+    At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
+    `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
+    general path without its [B, k+1, V] work."""
     k = draft_token_ids.shape[1]
-    if draft_probs is not None and draft_probs.shape[-1] != logits.shape[-1]:
-        raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({logits.shape[-1]})")
     if params.greedy:
-        target_token_ids = logits.argmax(dim=-1)  # [B, k+1], as process_logits picks it
-        output, num_accepted = verify_greedy(draft_token_ids, target_token_ids)
-        at_argmax = target_token_ids[:, :k, None]
-        beta = (draft_token_ids[..., None] == at_argmax).float() if draft_probs is None else draft_probs.gather(-1, at_argmax)
-        return output, num_accepted, beta.squeeze(-1)
-    target_probs = process_logits(logits, params)  # [B, k+1, V]
+        output, num_accepted = verify_greedy(draft_token_ids, scores)
+        if draft_probs is None:  # q one-hot at the proposal
+            return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
+        return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
+    if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
+        raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
+    target_probs = process_logits(scores, params)  # [B, k+1, V]
     output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, generator)
     return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
 
@@ -129,7 +138,8 @@ def generate(
         drafter.prefill()  # it will draft at once: read the prompts now, timed as prefill
     _sync(device)
     stats.prefill_time_s += time.perf_counter() - started
-    pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)  # [B]
+    pending_ids = [p[-1] for p in prompts]
+    pending = torch.tensor(pending_ids, device=device)  # [B]
     active = [True] * batch
     try:
         while any(active):
@@ -144,11 +154,11 @@ def generate(
             _sync(device)
             t1 = time.perf_counter()
             start_lengths = cache.host_lengths
-            logits = target(torch.cat([pending[:, None], draft_token_ids], dim=1), cache)  # [B, k+1, V]
+            scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params)  # [B, k+1(, V)]
             _sync(device)
             t2 = time.perf_counter()
-            output, num_accepted, beta = _rule(logits, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
-            host = torch.cat([output.double(), num_accepted[:, None].double(), beta.double()], dim=1).tolist()  # the sync
+            output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
+            host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
             stats.draft_time_s += t1 - t0
             stats.target_time_s += t2 - t1
 
@@ -174,10 +184,11 @@ def generate(
             # Roll back to the committed tokens; a row that is done keeps its old length (its
             # contents no longer matter, and its cache must not grow while others go on).
             cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
-            next_token_ids = output.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
+            # The recovered or bonus token of each row is pending now (a finished row keeps its own).
+            pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, pending_ids)]
+            pending = torch.tensor(pending_ids, device=device)  # [B]
             if drafter is not None:
-                drafter.commit(accepted, next_token_ids, still_active)
-            pending = torch.where(torch.tensor(still_active, device=device), next_token_ids, pending)
+                drafter.commit(accepted, pending, still_active)  # rows not active: ignored
             active = still_active
             policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
             yield chunk

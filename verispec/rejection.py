@@ -32,26 +32,27 @@ def verify(
     then -1. num_accepted counts accepted draft tokens only (0..k).
     """
     batch, k = draft_token_ids.shape
-    p_draft = _at(target_probs[:, :k], draft_token_ids)  # p_i(x_i)   [B, k]
-    q_draft = torch.ones_like(p_draft) if draft_probs is None else _at(draft_probs, draft_token_ids)
+    ids = draft_token_ids[..., None]  # [B, k, 1]
+    p_draft = target_probs[:, :k].gather(-1, ids)  # p_i(x_i)   [B, k, 1]
     u = torch.rand(p_draft.shape, dtype=torch.float64, generator=generator, device=p_draft.device)
-    accepted = u * q_draft.double() < p_draft.double()  # u < p/q without dividing by q   [B, k]
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
+    uq = u if draft_probs is None else u * draft_probs.gather(-1, ids)  # float64 (u is)
+    accepted = uq < p_draft  # u < p/q without dividing by q, compared in float64   [B, k, 1]
+    num_accepted = accepted.squeeze(-1).cumprod(dim=1).sum(dim=1)  # [B]
 
     # The token after the accepted prefix: from the residual at a rejection, from p_{k+1} when all
     # k were accepted. Only that one position per row is computed.
-    rows = torch.arange(batch, device=num_accepted.device)
-    p_next = target_probs[rows, num_accepted][:, None]  # [B, 1, V]
+    vocab = target_probs.shape[-1]
+    p_next = target_probs.gather(1, num_accepted[:, None, None].expand(batch, 1, vocab))  # [B, 1, V]
     extra_probs = p_next
     if k > 0:
-        at = num_accepted.clamp_max(k - 1)  # the rejected position (any, for rows that took the bonus)
-        q_next = None if draft_probs is None else draft_probs[rows, at][:, None]  # [B, 1, V]
-        residual = _residual_probs(draft_token_ids[rows, at][:, None], q_next, p_next)  # [B, 1, V]
+        at = num_accepted.clamp_max(k - 1)[:, None]  # [B, 1] the rejected position (any, for rows that took the bonus)
+        q_next = None if draft_probs is None else draft_probs.gather(1, at[..., None].expand(batch, 1, vocab))  # [B, 1, V]
+        residual = _residual_probs(draft_token_ids.gather(1, at), q_next, p_next)  # [B, 1, V]
         extra_probs = torch.where((num_accepted < k)[:, None, None], residual, p_next)
     extra_token = sample(extra_probs[:, 0], generator)  # [B]
 
     positions = torch.arange(k + 1, device=num_accepted.device)  # [k+1]
-    padded = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
+    padded = torch.nn.functional.pad(draft_token_ids, (0, 1), value=-1)  # [B, k+1]
     output = torch.where(positions < num_accepted[:, None], padded, -1)
     output = output.scatter(1, num_accepted[:, None], extra_token[:, None])
     return output, num_accepted
@@ -65,11 +66,10 @@ def verify_greedy(
     proposal is accepted iff it is the argmax (min(1, p/q) is 1 there and 0 elsewhere), and the
     recovered or bonus token is the argmax (the residual max(p - q, 0) is one-hot there too).
     No random numbers and no [.., V] tensors. Same outputs as `verify`."""
-    batch, k = draft_token_ids.shape
-    matches = draft_token_ids == target_token_ids[:, :k]  # [B, k]
-    num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
+    k = draft_token_ids.shape[1]
+    num_accepted = (draft_token_ids == target_token_ids[:, :k]).cumprod(dim=1).sum(dim=1)  # [B] (bool cumprod is long)
     positions = torch.arange(k + 1, device=num_accepted.device)  # [k+1]
-    output = torch.where(positions < num_accepted[:, None] + 1, target_token_ids, -1)  # accepted tokens equal the argmax
+    output = torch.where(positions <= num_accepted[:, None], target_token_ids, -1)  # accepted tokens equal the argmax
     return output, num_accepted
 
 
@@ -83,17 +83,17 @@ def _residual_probs(
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     target_probs: torch.Tensor,  # [B, k, V]
 ) -> torch.Tensor:
-    """normalize(max(p - q, 0)) per position [B, k, V].
+    """max(p - q, 0) per position [B, k, V], unnormalized: `sample` draws in proportion to
+    its weights, so this is drawing from normalize(max(p - q, 0)).
 
     Where p - q has no positive mass, a rejection has probability zero; p is returned there
-    so that the tensor is always a distribution.
+    so that every row can be drawn from.
     """
     if draft_probs is None:  # q one-hot: remove the proposal's mass from p
         residual = target_probs.scatter(-1, draft_token_ids.unsqueeze(-1), 0.0)
     else:
         residual = (target_probs - draft_probs).clamp_min(0.0)
-    mass = residual.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), target_probs)
+    return torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, target_probs)
 
 
 def acceptance_probability(

@@ -48,7 +48,8 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One exact draw per row from probs [..., V] -> LongTensor [...].
+    """One exact draw per row from probs [..., V] -> LongTensor [...]. Rows need not sum to
+    one: any nonnegative weights with a positive sum are drawn from in proportion.
 
     Inverse transform sampling in float64: u ~ U[0, 1) (53 random bits), and the first token
     whose cumulative mass exceeds u * total. float32 probabilities are exact in float64 and the

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -159,17 +160,22 @@ class _Context:
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(_N_BATCH,))[:] = 1
         self._seq_ids = [self.batch.seq_id[i] for i in range(_N_BATCH)]
         self._seq_written = np.full(_N_BATCH, -1)  # what seq_id[i][0] holds now (skip rewriting it)
+        self._lib, self.vocab_size = lib, model.vocab_size
+        self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, vocab_size: int, outputs: bool) -> tuple[np.ndarray | None, float]:
-        """Run tokens [N] at positions [N] of sequences [N]: (logits [N, V] (a copy) when outputs,
-        seconds spent inside llama_decode)."""
-        lib, logits, inside = _llama(), [], 0.0
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool,
+               read: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray | None, float]:
+        """Run tokens [N] at positions [N] of sequences [N], with logits where outputs [N] (or one
+        bool for all): (read(logits [n, V]) of each llama_decode, concatenated, or None without
+        read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
+        view, reused by the next decode): it returns a copy or a reduction of it."""
+        lib, results, inside = _llama(), [], 0.0
         for start in range(0, len(tokens), self.n_batch):
             end = min(start + self.n_batch, len(tokens))
             count = end - start
             self.token[:count] = tokens[start:end]
             self.pos[:count] = positions[start:end]
-            self.output[:count] = outputs
+            self.output[:count] = outputs if isinstance(outputs, bool) else outputs[start:end]
             for i in np.flatnonzero(self._seq_written[:count] != seqs[start:end]):
                 self._seq_ids[i][0] = int(seqs[start + i])
             self._seq_written[:count] = seqs[start:end]
@@ -179,13 +185,21 @@ class _Context:
             inside += time.perf_counter() - started
             if status != 0:
                 raise RuntimeError(f"llama_decode failed (status {status}): {' / '.join(_log[-2:])}")
-            if outputs:  # one memmove out of llama.cpp's buffer (reused by the next decode)
-                block = np.empty((count, vocab_size), dtype=np.float32)
-                ctypes.memmove(block.ctypes.data, lib.llama_get_logits(self.ptr), block.nbytes)
-                logits.append(block)
-        if not outputs:
+            if read is not None:
+                rows = count if isinstance(outputs, bool) else int(np.count_nonzero(outputs[start:end]))
+                results.append(read(self.logits(rows)))
+        if read is None:
             return None, inside
-        return (np.concatenate(logits) if len(logits) > 1 else logits[0]), inside
+        return (np.concatenate(results) if len(results) > 1 else results[0]), inside
+
+    def logits(self, rows: int) -> np.ndarray:
+        """llama.cpp's logits of the last decode, [rows, V] float32 in place (no copy)."""
+        pointer = self._lib.llama_get_logits(self.ptr)
+        address = ctypes.cast(pointer, ctypes.c_void_p).value
+        if address != self._logits_address or rows > len(self._logits_view):  # llama.cpp grew its buffer
+            self._logits_view = np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
+            self._logits_address = address
+        return self._logits_view[:rows]
 
     def free(self) -> None:
         if self.ptr:
@@ -313,17 +327,74 @@ class LlamaCppModel:
     def forward(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
         """input_ids [B, T] -> float32 logits [B, T, V]."""
         batch, length = input_ids.shape
+        logits = self._decode_rows(input_ids, cache, _copy)
+        return torch.from_numpy(logits).view(batch, length, self.vocab_size)
+
+    def forward_argmax(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> the argmax token at every position [B, T] long: `forward(...)
+        .argmax(-1)` (the same ids; ties go to the lowest id in both), read from llama.cpp's
+        buffer in place, without a logits tensor."""
+        batch, length = input_ids.shape
+        return torch.from_numpy(self._decode_rows(input_ids, cache, _argmax)).view(batch, length)
+
+    def _decode_rows(self, input_ids: torch.Tensor, cache: LlamaCppCache | None, read) -> np.ndarray:
+        batch, length = input_ids.shape
         if cache is None:  # whole sequences from position 0, in a cache of their own
             cache = self.new_cache(batch, length)
-        span = max(cache.host_lengths) + length
+        lengths = cache.host_lengths
+        span = max(lengths) + length
         if span > cache.max_length:
             raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
-        positions = np.asarray(cache.host_lengths)[:, None] + np.arange(length)  # [B, T]
-        seqs = np.repeat(np.arange(batch), length)  # [B*T]
-        logits, inside = cache.context.decode(input_ids.numpy().ravel(), positions.ravel(), seqs, self.vocab_size, outputs=True)
+        if batch == 1:
+            positions, seqs = np.arange(lengths[0], span), np.zeros(length, dtype=np.int64)
+        else:
+            positions = (np.asarray(lengths)[:, None] + np.arange(length)).ravel()  # [B*T]
+            seqs = np.repeat(np.arange(batch), length)  # [B*T]
+        result, inside = cache.context.decode(input_ids.numpy().ravel(), positions, seqs, True, read)
         self.forward_compute_s += inside
         cache.advance(length)
-        return torch.from_numpy(logits).view(batch, length, self.vocab_size)
+        return result
+
+    def greedy_continuation(self, input_ids: torch.Tensor, counts: list[int], steps: int, cache: LlamaCppCache,
+                            confidence_threshold: float = 0.0) -> torch.Tensor:
+        """The model's own greedy continuation: read row b's first counts[b] tokens of
+        input_ids [B, W], then `steps` times take the argmax token and (but the last) read it.
+        Returns those tokens [B, steps] long; row b's cache grows by counts[b] + steps - 1.
+        The same tokens as that loop over `forward` and `argmax`, at one llama_decode per step
+        with logits only at each row's last token, read in place: a draft model's proposals
+        at temperature 0 with no tensor work between its passes. With a confidence_threshold,
+        it stops after the first step where every row's token has a softmax probability below
+        it (fewer columns; the cache grows by the steps taken, minus one)."""
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        batch, lengths = len(counts), cache.host_lengths
+        ends = np.asarray(lengths) + np.asarray(counts)  # [B] each row's next position
+        if int(ends.max()) + steps - 1 > cache.max_length:
+            raise ValueError(f"KV cache overflow: {int(ends.max()) + steps - 1} positions needed, cache holds {cache.max_length}")
+        ids = input_ids.numpy()
+        tokens = ids[0, : counts[0]] if batch == 1 else np.concatenate([ids[b, :count] for b, count in enumerate(counts)])
+        positions = np.concatenate([np.arange(n, end) for n, end in zip(lengths, ends)])
+        seqs = np.repeat(np.arange(batch), counts)
+        outputs = np.zeros(len(tokens), dtype=bool)
+        outputs[np.cumsum(counts) - 1] = True  # logits at each row's last token only
+        drafted = np.empty((batch, steps), dtype=np.int64)
+        context, rows = cache.context, np.arange(batch)
+        read = _argmax_confidence if confidence_threshold > 0 else _argmax
+        found, inside = context.decode(tokens, positions, seqs, outputs, read)
+        for i in range(steps):
+            if i > 0:
+                found, seconds = context.decode(drafted[:, i - 1], ends + i - 1, rows, True, read)
+                inside += seconds
+            if confidence_threshold > 0:
+                drafted[:, i], confidence = found[:, 0], found[:, 1]
+                if (confidence < confidence_threshold).all():
+                    steps = i + 1
+                    break
+            else:
+                drafted[:, i] = found
+        self.forward_compute_s += inside
+        cache.set_lengths((ends + steps - 1).tolist())
+        return torch.from_numpy(drafted[:, :steps])
 
     def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
         """Write ragged prompts [B][len_b] into an empty cache (no padding: llama.cpp batches are ragged)."""
@@ -336,8 +407,22 @@ class LlamaCppModel:
             tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
             positions = np.concatenate([np.arange(n) for n in lengths])
             seqs = np.repeat(np.arange(len(prompts)), lengths)
-            cache.context.decode(tokens, positions, seqs, self.vocab_size, outputs=False)
+            cache.context.decode(tokens, positions, seqs, False)
         cache.set_lengths(lengths)
+
+
+def _copy(logits: np.ndarray) -> np.ndarray:
+    return logits.copy()
+
+
+def _argmax(logits: np.ndarray) -> np.ndarray:
+    return logits.argmax(axis=-1)
+
+
+def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
+    """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
+    top = logits.max(axis=-1, keepdims=True)
+    return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
 
 
 class Encoding(NamedTuple):
