@@ -61,6 +61,8 @@ def _gpt2_draft():
 # name -> factory(target) -> a fresh drafter. Every drafter family, and the quantized formats.
 DRAFTERS = {
     "model": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12))),
+    # stops early: after 1 token where the draft's top probability is under 0.9 in every row (the first step here)
+    "model-confident": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12)), confidence_threshold=0.9),
     "int8-target": lambda target, cache: ModelDrafter(cache.setdefault("int8", quantize_model(copy.deepcopy(target), 8))),
     "int4-target": lambda target, cache: ModelDrafter(cache.setdefault("int4", quantize_model(copy.deepcopy(target), 4, 32))),
     "early-exit": lambda target, cache: EarlyExitDrafter(target, 1),
@@ -187,6 +189,7 @@ def _chunked_counts(target, make_drafter, seed: int, n: int = N):
 # (target on, drafter): llama.cpp target with a llama.cpp / PyTorch / no-model draft; PyTorch target with a llama.cpp draft
 LLAMACPP_CASES = {
     "llamacpp-target+llamacpp-draft": ("llamacpp", lambda g, made: ModelDrafter(g["draft"])),
+    "llamacpp-target+llamacpp-draft-confident": ("llamacpp", lambda g, made: ModelDrafter(g["draft"], confidence_threshold=0.9)),
     "llamacpp-target+torch-draft": ("llamacpp", lambda g, made: ModelDrafter(made.setdefault("model", llama(1, 12)))),
     "llamacpp-target+ngram": ("llamacpp", lambda g, made: PromptLookupDrafter()),
     "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),

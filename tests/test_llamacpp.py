@@ -95,6 +95,77 @@ def test_logits_equal_the_pytorch_model_on_the_same_weights(toy, toy_model, toy_
     assert torch.equal(exact.argmax(-1), expected.argmax(-1))
 
 
+def test_forward_argmax_gives_the_argmax_of_forward(toy_model):
+    prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103]]
+    new = torch.tensor([[1, 2, 3], [10, 20, 30], [60, 61, 62]])
+    cache = toy_model.new_cache(3, 64)
+    toy_model.prefill(prompts, cache)
+    ids = toy_model.forward_argmax(new, cache)
+    assert ids.dtype == torch.long and cache.host_lengths == [8, 5, 6]
+    assert torch.equal(ids, _fresh(toy_model, prompts, new).argmax(-1))
+
+
+def _greedy_loop(model, prompt: list[int], pending: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """The reference: feed the pending tokens, then argmax and feed, one forward at a time."""
+    cache = model.new_cache(1, 64)
+    model.prefill([prompt], cache)
+    logits, tokens, confidence = model(torch.tensor([pending]), cache)[0, -1], [], []
+    for step in range(steps):
+        tokens.append(int(logits.argmax()))
+        confidence.append(float(torch.softmax(logits, -1).max()))
+        if step + 1 < steps:
+            logits = model(torch.tensor([[tokens[-1]]]), cache)[0, -1]
+    return tokens, confidence
+
+
+def test_greedy_continuation_equals_the_forward_and_argmax_loop(toy_model):
+    """Ragged pending tokens per row (as a draft after a full acceptance: two), k steps in one
+    call: the loop's tokens, and a cache that holds exactly what the loop fed."""
+    prompts, pending = [[5, 9, 200, 31], [44, 3], [7]], [[7], [8, 250], [12]]
+    cache = toy_model.new_cache(3, 64)
+    toy_model.prefill(prompts, cache)
+    padded = torch.tensor([p + [0] * (2 - len(p)) for p in pending])
+    drafted = toy_model.greedy_continuation(padded, [len(p) for p in pending], 4, cache)
+    assert drafted.shape == (3, 4)
+    for row, (prompt, tokens) in enumerate(zip(prompts, pending)):
+        assert drafted[row].tolist() == _greedy_loop(toy_model, prompt, tokens, 4)[0]
+    fed = [prompt + tokens + drafted[row, :3].tolist() for row, (prompt, tokens) in enumerate(zip(prompts, pending))]
+    assert cache.host_lengths == [len(f) for f in fed]
+    nxt = torch.tensor([[1], [2], [3]])
+    assert torch.allclose(toy_model(nxt, cache), _fresh(toy_model, fed, nxt), atol=1e-5, rtol=0)
+
+
+def test_greedy_continuation_stops_after_the_first_unsure_token(toy_model):
+    prompt, pending = [5, 9, 200, 31], [7]
+    tokens, confidence = _greedy_loop(toy_model, prompt, pending, 6)
+    threshold = sorted(confidence)[2]  # two steps fall below it: the first of them ends the draft
+    stop = next(i for i, c in enumerate(confidence) if c < threshold)
+    cache = toy_model.new_cache(1, 64)
+    toy_model.prefill([prompt], cache)
+    drafted = toy_model.greedy_continuation(torch.tensor([pending]), [1], 6, cache, confidence_threshold=threshold)
+    assert drafted[0].tolist() == tokens[: stop + 1]
+    assert cache.host_lengths == [len(prompt) + 1 + stop]
+
+
+def test_a_confident_draft_stops_at_the_same_place_on_both_backends(toy, toy_model_f32_kv):
+    """ModelDrafter's confidence stop: llama.cpp's greedy_continuation and the PyTorch loop
+    (the same weights) propose the same tokens, stopping at the same step."""
+    from verispec.models.checkpoint import load_pretrained
+
+    prompt = [5, 9, 200, 31, 7]
+    confidence = _greedy_loop(toy_model_f32_kv, prompt[:-1], prompt[-1:], 6)[1]
+    low, high = sorted(confidence)[2:4]
+    threshold = (low + high) / 2  # far from every step's confidence
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    proposals = []
+    for model in (toy_model_f32_kv, load_pretrained(toy[0])):
+        drafter = ModelDrafter(model, confidence_threshold=threshold)
+        drafter.start([prompt], 64)
+        proposals.append(drafter.propose(6, params, None)[0].tolist())
+    assert proposals[0] == proposals[1]
+    assert 1 <= len(proposals[0][0]) < 6
+
+
 def test_a_cache_too_large_a_batch_or_a_missing_file_is_a_clear_error(toy_model, tmp_path):
     cache = toy_model.new_cache(1, 8)
     toy_model.prefill([[1, 2, 3, 4, 5, 6]], cache)

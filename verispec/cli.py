@@ -43,6 +43,22 @@ def _draft_length(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
 
 
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}")
+    return value
+
+
+def _add_confidence_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--confidence-threshold", type=_confidence, default=0.0,
+                        help="a model draft stops early where its most likely token's probability is below this "
+                             "(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)")
+
+
 def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
@@ -72,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
+    _add_confidence_argument(gen)
     _add_backend_arguments(gen)
 
     train = commands.add_parser("train", help="prepare the corpus, pretrain the target, or distil the draft")
@@ -109,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; prompt lookup with --draft ngram); "
                             "llamacpp = verispec on llama.cpp vs llama-cpp-python (plain, prompt lookup) and llama.cpp's own speculative decoding")
     bench.add_argument("--llama-cpp-bin", help="with --peer llamacpp: a directory holding llama.cpp's llama-speculative-simple (same llama.cpp version)")
+    _add_confidence_argument(bench)
     _add_backend_arguments(bench)
 
     adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use")
@@ -209,7 +227,7 @@ def _drafter(spec: str, dtype, target, target_dir: str, args: argparse.Namespace
         return EarlyExitDrafter(target, int(layers))
     draft = _load(spec, args, dtype)
     check_same_tokenizer(target_dir, spec, target.vocab_size, draft.vocab_size)
-    return ModelDrafter(match_vocab_size(draft, target.vocab_size))
+    return ModelDrafter(match_vocab_size(draft, target.vocab_size), getattr(args, "confidence_threshold", 0.0))
 
 
 def _default_pair(args: argparse.Namespace) -> None:
@@ -443,7 +461,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     texts = _read_prompts(args.prompts, args.max_prompts)
     target, draft = gguf_file(args.target, args.gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, args.gguf_type)
     result = run_llamacpp_peer_bench(target, draft, texts, ks, args.max_new_tokens, args.repeats, temperature, args.seed, args.threads,
-                                     args.llama_cpp_bin)
+                                     args.llama_cpp_bin, confidence_threshold=args.confidence_threshold)
     versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
     print(f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec best':>22} {'alpha_hat':>9} {'own ms/pass':>11}  identical")
     for row in result["runs"]:
@@ -454,7 +472,9 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
               f"{row.get('identical_to_llamacpp_plain', '-')} ({row.get('identical_prompts', '-')}/{result['prompts']})")
     print(f"target {result['target_description']}, draft {result['draft_description']}; T={temperature}, batch 1, {args.max_new_tokens} new tokens "
           f"per prompt, {result['threads']} threads, decode-only tokens/s, median of {args.repeats} rounds; own ms/pass: verispec's time "
-          "outside llama.cpp per target pass (share of the target pass)")
+          "outside llama.cpp per target pass (share of the target pass)"
+          + (f"; confidence threshold {args.confidence_threshold} (llama.cpp's program: --spec-draft-p-min {args.confidence_threshold})"
+             if args.confidence_threshold else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -68,12 +68,12 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
 
 
 def _run_speculative_program(program: Path, target: Path, draft: Path, text: str, max_new_tokens: int, k: int,
-                             temperature: float, seed: int, threads: int, n_ctx: int) -> dict:
+                             temperature: float, seed: int, threads: int, n_ctx: int, p_min: float = 0.0) -> dict:
     """llama.cpp's own speculative decoding of one prompt: its text, decode speed and acceptance."""
     sampling = ["--temp", "0"] if temperature == 0 else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
     command = [str(program), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
                "-p", text, "-n", str(max_new_tokens), "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-s", str(seed),
-               "-fa", "off", *sampling]
+               "-fa", "off", *sampling, *(["--spec-draft-p-min", str(p_min)] if p_min else [])]
     for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
         log = done.stderr
@@ -101,11 +101,14 @@ def run_llamacpp_peer_bench(
     threads: int | None = None,
     speculative_bin: str | Path | None = None,
     progress: Callable[[], None] | None = None,
+    confidence_threshold: float = 0.0,
 ) -> dict:
     """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
     speculative decoding at its best k, acceptance, verispec's own share, and identity.
     Prompts are texts, encoded with the target GGUF's own vocabulary. `draft_path=None`
-    compares prompt lookup (verispec's and llama-cpp-python's) instead."""
+    compares prompt lookup (verispec's and llama-cpp-python's) instead. A confidence_threshold
+    applies to both model drafts: verispec's (`ModelDrafter`) and llama.cpp's program
+    (`--spec-draft-p-min`), so that both stop drafting under the same rule."""
     numeric = [k for k in ks if k != "auto"]
     if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
         raise ValueError(f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, {max_new_tokens}, {list(ks)}")
@@ -124,7 +127,7 @@ def run_llamacpp_peer_bench(
 
     def verispec(k: int | str) -> Callable[[int], dict]:
         def run(i: int) -> dict:
-            drafter = None if k == 0 else ModelDrafter(draft) if draft is not None else PromptLookupDrafter()
+            drafter = None if k == 0 else ModelDrafter(draft, confidence_threshold) if draft is not None else PromptLookupDrafter()
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, ModelDrafter) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
@@ -152,7 +155,7 @@ def run_llamacpp_peer_bench(
         for k in numeric:
             systems[f"llama.cpp speculative k={k} ({SPECULATIVE_PROGRAM})"] = (
                 lambda i, k=k: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens, k, temperature,
-                                                        seed, threads, n_ctx + 64))
+                                                        seed, threads, n_ctx + 64, confidence_threshold))
     rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
     for _ in range(repeats):
         for system, run in systems.items():
@@ -160,7 +163,7 @@ def run_llamacpp_peer_bench(
             if progress:
                 progress()
     return _report(rounds, tokenizer, dict(
-        ks=list(ks), max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
+        ks=list(ks), confidence_threshold=confidence_threshold, max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
         target=str(target_path), draft=None if draft_path is None else str(draft_path), target_description=target.config.description,
         draft_description=None if draft is None else draft.config.description, profile=None if profile is None else profile.to_dict(),
         note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; own_ms_per_pass = verispec's time per "

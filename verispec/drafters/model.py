@@ -8,7 +8,9 @@ the recovered token is pending; after a step where all k proposals were accepted
 proposal x_k was never fed to the draft model, so x_k and the bonus token are both pending
 (forgetting x_k is the bug that lowered acceptance in vLLM PR #9730). A step with k = 0
 runs no draft pass at all: its committed token joins the pending ones, so a policy that
-stops speculating pays nothing for the draft.
+stops speculating pays nothing for the draft. At temperature 0 a model that offers
+`greedy_continuation` (llama.cpp's) drafts the k tokens in one call: the same tokens, without
+a logits tensor between its passes.
 """
 
 from __future__ import annotations
@@ -21,10 +23,19 @@ from ..sampling import process_logits, sample
 
 
 class ModelDrafter:
-    """Drafts k tokens autoregressively with a causal LM (`forward(input_ids, cache)` -> logits)."""
+    """Drafts k tokens autoregressively with a causal LM (`forward(input_ids, cache)` -> logits).
 
-    def __init__(self, model: torch.nn.Module):
+    `confidence_threshold` (0 = off): stop drafting after a position where the draft's most
+    likely token has probability below it in every row, so that a step proposes fewer than k
+    tokens where the draft is unsure (`transformers`' assistant_confidence_threshold, llama.cpp's
+    --draft-p-min). The decision uses only the draft's own distributions, so the rule stays exact.
+    """
+
+    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0):
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
+        self.confidence_threshold = confidence_threshold
         self.cache: KVCache | None = None
 
     @property
@@ -60,6 +71,10 @@ class ModelDrafter:
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         width = max(self.pending_count)
+        if params.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
+            draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache, self.confidence_threshold)  # [B, k]
+            self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
+            return draft_token_ids, None
         logits = self._last_logits(self.pending[:, :width])  # [B, 1, V]
         if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
@@ -69,14 +84,18 @@ class ModelDrafter:
                 logits = self.model(token_ids[-1][:, None], self.cache)
             if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
                 token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
-                continue
-            q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
-            token_ids.append(sample(q, generator))
-            probs.append(q)
-        draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k]
-        self._last_proposal = draft_token_ids[:, -1]
+                top = torch.softmax(logits[:, -1].float(), dim=-1).amax(dim=-1) if self.confidence_threshold else None
+            else:
+                q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
+                token_ids.append(sample(q, generator))
+                probs.append(q)
+                top = q.amax(dim=-1) if self.confidence_threshold else None
+            if top is not None and bool((top < self.confidence_threshold).all()):
+                break
+        draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
+        self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
         # greedy: q is one-hot at each proposal, which is what draft_probs = None declares
-        return draft_token_ids, (None if params.greedy else torch.stack(probs, dim=1))  # [B, k, V]
+        return draft_token_ids, (None if params.greedy else torch.stack(probs, dim=1))  # [B, k', V]
 
     def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids [B, W] (row b's real tokens first, then pads); logits [B, 1, V] at each row's
@@ -107,6 +126,5 @@ class ModelDrafter:
         ])
         # Pending now: the recovered token, or x_k (never fed) and the bonus token.
         two = torch.tensor(all_accepted, device=self.pending.device)
-        first = torch.where(two, self._last_proposal, next_token_ids)
-        self.pending = torch.where(two[:, None], torch.stack([first, next_token_ids], dim=1), torch.stack([next_token_ids, next_token_ids], dim=1))
+        self.pending = torch.stack([torch.where(two, self._last_proposal, next_token_ids), next_token_ids], dim=1)  # [B, 2]
         self.pending_count = [2 if both else 1 for both in all_accepted]
