@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every measurement of BENCHMARKS.md's llama.cpp section, on the built-in pair, in one go (~40 min on 2 cores).
+# Every measurement of BENCHMARKS.md's llama.cpp section, on the built-in pair, in one go (~45 min on 2 cores).
 # Usage: bash benchmarks/measure_llamacpp.sh OUT [LLAMA_BIN]
 #   OUT: directory for the GGUF files, the JSON reports and the printed tables (OUT/log.txt)
 #   LLAMA_BIN: directory holding llama-speculative-simple (benchmarks/build_llama_speculative.sh); default runs/llama-bin/build/bin
@@ -24,6 +24,9 @@ run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gg
     --llama-cpp-bin "$bin" --json "$out/peer_f32_t0.json"
 run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gguf" "${common[@]}" --k 2,3,4,5,6,auto \
     --temperature 1 --llama-cpp-bin "$bin" --json "$out/peer_f32_t1.json"
+# 1b. the same with a confidence stop on both sides (verispec --confidence-threshold, llama.cpp --spec-draft-p-min)
+run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gguf" "${common[@]}" --k 4,6,8 \
+    --confidence-threshold 0.3 --llama-cpp-bin "$bin" --json "$out/peer_f32_t0_confidence.json"
 # 3. q8_0 target: the draft in f32 and in q8_0 (c of each from the profiler), against llama.cpp plain q8_0
 run profile --target "$g/target-q8_0.gguf" --draft "$g/draft-f32.gguf"
 run profile --target "$g/target-q8_0.gguf" --draft "$g/draft-q8_0.gguf"
