@@ -1,7 +1,8 @@
 """The side-by-side with llama.cpp itself, on the same GGUF files (`verispec bench --peer llamacpp`).
 
-Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system in every round (the
-order fixed, so drift lands on all of them), medians of decode-only tokens/s:
+Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system on each prompt in turn
+(so that drift over a round lands on all of them alike), rounds repeated, medians over rounds
+of decode-only tokens/s:
 - verispec plain and verispec speculative at each draft length in `ks` (an int or "auto"; the
   draft model, or prompt lookup with `draft_path=None`), on llama.cpp (`LlamaCppModel`):
   decode = total time - prefill;
@@ -157,11 +158,15 @@ def run_llamacpp_peer_bench(
                 lambda i, k=k: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens, k, temperature,
                                                         seed, threads, n_ctx + 64, confidence_threshold))
     rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
-    for _ in range(repeats):
-        for system, run in systems.items():
-            rounds[system].append([run(i) for i in range(len(prompts))])
-            if progress:
-                progress()
+    for _ in range(repeats):  # every system on one prompt, then the next: drift over a round lands on all of them alike
+        results: dict[str, list[dict]] = {name: [] for name in systems}
+        for i in range(len(prompts)):
+            for system, run in systems.items():
+                results[system].append(run(i))
+        for system in systems:
+            rounds[system].append(results[system])
+        if progress:
+            progress()
     return _report(rounds, tokenizer, dict(
         ks=list(ks), confidence_threshold=confidence_threshold, max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
         target=str(target_path), draft=None if draft_path is None else str(draft_path), target_description=target.config.description,
