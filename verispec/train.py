@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from .models.checkpoint import load_pretrained, save_pretrained
 from .models.llama import LlamaConfig, LlamaForCausalLM, init_weights
+from .models.presets import PRESETS  # noqa: F401  (the architectures train() is given)
 
 EOS = "<|endoftext|>"
 HELD_OUT_PERCENT = 5
@@ -122,22 +123,6 @@ def load_tokens(data: str | Path, split: str) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- training
-
-
-def _preset(d: int, layers: int, ff: int, heads: int, kv_heads: int, vocab: int = 8192) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=vocab, hidden_size=d, intermediate_size=ff, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=d // heads, tie_word_embeddings=True, max_position_embeddings=2048,
-        rope_theta=10000.0, eos_token_id=0,
-    )
-
-
-# The built-in pair's architectures (sizes chosen in MODEL_CARD.md; "tiny" is for tests).
-PRESETS: dict[str, LlamaConfig] = {
-    "target": _preset(768, 8, 2048, 12, 4),
-    "draft": _preset(256, 2, 768, 4, 2),
-    "tiny": _preset(32, 1, 64, 2, 1),
-}
 
 
 @dataclass

@@ -34,14 +34,14 @@ def make_toy_pair(directory: str | Path, seed: int = 0, dtype: torch.dtype = tor
     """Write directory/target and directory/draft; return their paths.
 
     sizes="tiny": a 4-layer target and its first layer as the draft. sizes="presets": the
-    architectures of the built-in pair (verispec.train.PRESETS), random weights, for measuring
+    architectures of the built-in pair (models.presets.PRESETS), random weights, for measuring
     speed before trained weights exist (the byte tokenizer uses only the first 257 ids).
     """
     directory = Path(directory)
     tokenizer = byte_level_tokenizer()
     eos = tokenizer.token_to_id(EOS)
     if sizes == "presets":
-        from ..train import PRESETS
+        from .presets import PRESETS
 
         target = init_weights(LlamaForCausalLM(PRESETS["target"].replace(eos_token_id=eos)), seed=seed).to(dtype)
         draft = init_weights(LlamaForCausalLM(PRESETS["draft"].replace(eos_token_id=eos)), seed=seed + 1).to(dtype)
