@@ -25,6 +25,7 @@ from torch import nn
 
 from .kernels import Linear
 
+PREFILL_CHUNK = 512  # positions per prefill pass at most (fewer for long contexts: see prefill)
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
@@ -359,14 +360,19 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], cache: KVCache) -> None:
-        """Write ragged prompts [B][len_b] into an empty cache; lengths become len_b."""
+        """Write ragged prompts [B][len_b] into an empty cache; lengths become len_b.
+
+        In chunks of positions, so that the attention scores and the mask ([B, H, chunk, S])
+        stay near 2**26 values: memory linear in the prompt's length, never quadratic."""
         longest = max(len(p) for p in prompts)
         if longest == 0:
             return
         ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=self.device)
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        self.hidden_states(ids, cache)
+        chunk = max(16, min(PREFILL_CHUNK, 2**26 // (len(prompts) * self.config.num_attention_heads * longest)))
+        for start in range(0, longest, chunk):
+            self.hidden_states(ids[:, start : start + chunk], cache)
         cache.rollback([len(p) for p in prompts])
 
 
