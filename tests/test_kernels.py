@@ -1,11 +1,19 @@
 """The skinny CPU kernel: the same numbers as torch's linear for 1..16 rows (one or two groups
-of <= 8), and a safe fallback."""
+of <= 8), and a safe fallback; chosen over torch's linear only where it measured faster; its
+build directory keyed by what the build depends on."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from verispec.models import kernels
+
+
+@pytest.fixture(autouse=True)
+def kernel_always(monkeypatch, request):
+    """The numeric tests check the kernel itself: VERISPEC_KERNELS=1 (not the measured choice)."""
+    if "auto_choice" not in request.node.name:
+        monkeypatch.setenv("VERISPEC_KERNELS", "1")
 
 
 def test_kernel_loads_on_this_machine():
@@ -41,3 +49,32 @@ def test_batched_shapes_and_fallbacks():
     w.requires_grad_(True)  # training: autograd must flow, so torch's linear
     kernels.linear(x, w).sum().backward()
     assert w.grad is not None and w.grad.shape == w.shape
+
+
+def test_auto_choice_uses_the_faster_of_the_two_as_measured(monkeypatch):
+    if kernels.kernel_status() != "skinny kernel loaded":
+        pytest.skip(kernels.kernel_status())
+    monkeypatch.setenv("VERISPEC_KERNELS", "auto")
+    x, w = torch.randn(3, 64), torch.randn(40, 64)
+    monkeypatch.setitem(kernels._choices, "3x40x64", {"kernel_s": 2.0, "torch_s": 1.0, "kernel": False})
+    with torch.no_grad():
+        assert torch.equal(kernels.linear(x, w), F.linear(x, w))  # torch's, bit for bit
+        monkeypatch.setitem(kernels._choices, "3x40x64", {"kernel_s": 1.0, "torch_s": 2.0, "kernel": True})
+        assert torch.equal(kernels.linear(x, w), kernels._kernel.skinny_linear(x, w))
+        kernels._choices.pop("5x24x64", None)
+        kernels.linear(torch.randn(5, 64), torch.randn(24, 64))  # first use: measured now, and kept
+    choice = kernels.kernel_choices()["5x24x64"]
+    assert choice["kernel_s"] > 0 and choice["torch_s"] > 0 and choice["kernel"] == (choice["kernel_s"] <= choice["torch_s"])
+    kernels._choices.pop("5x24x64")
+
+
+def test_the_build_directory_is_keyed_by_source_and_versions(monkeypatch):
+    kernels.kernel_status()
+    if kernels._build_dir is not None:  # the loaded kernel lives in the directory of its own key
+        assert kernels._build_dir.name == f"verispec_skinny_linear-{kernels.build_key()}"
+    source = b"int main() {}"
+    key = kernels.build_key(source)
+    assert key == kernels.build_key(source) and len(key) == 16
+    assert kernels.build_key(source + b" ") != key
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert kernels.build_key(source) != key

@@ -1,18 +1,27 @@
 """CPU kernels for decoding: a "skinny" matrix product for 1..16 rows (csrc/skinny_linear.cpp).
 
-Owns `linear(x, weight, bias)`, which the model's projections call. It sends float32
-inference with at most 16 rows on an AVX2 CPU to the skinny kernel (every weight read once,
-used by all rows, so verifying k+1 <= 8 positions costs about one decoding pass, and 9..16
-rows, larger k or a batch, well under torch's small-M path), and
-everything else (training, prefill, other dtypes and devices) to `torch.nn.functional.linear`.
+Owns `linear(x, weight, bias)`, which the model's projections call. float32 inference with at
+most 16 rows on an AVX2/AVX-512 CPU may go to the skinny kernel (every weight read once, used
+by all rows, so verifying k+1 <= 8 positions costs about one decoding pass) or to torch's
+`F.linear`: whichever measured faster for that row count and weight shape on this machine
+(`VERISPEC_KERNELS=auto`, the default; the timings are measured on first use, kept with the
+compiled kernel and listed by `kernel_choices()`). `VERISPEC_KERNELS=1` always uses the kernel,
+`0` never. Everything else (training, prefill, other dtypes and devices) goes to `F.linear`.
+
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and
-ninja; about a minute, then cached). Where that fails, or VERISPEC_KERNELS=0, the fallback
-is used and `kernel_status()` says why. Knows nothing of models.
+ninja; about a minute) into a directory keyed by the source's hash, the torch and Python
+versions and the CPU capability, so installs of different versions never rebuild each
+other's. Where that fails the fallback is used, said once on stderr and by `kernel_status()`.
+Knows nothing of models.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,34 +29,59 @@ import torch.nn.functional as F
 
 MAX_ROWS = 16  # the kernel's own limit (csrc: MAX_ROWS)
 _NAME = "verispec_skinny_linear"
+_CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+_SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "skinny_linear.cpp"
 _kernel = None
 _status = "not loaded"
+_build_dir: Path | None = None
+_choices: dict[str, dict] = {}  # "rows x N x K" -> {"kernel_s", "torch_s", "kernel": bool}
+
+
+def _mode() -> str:
+    mode = os.environ.get("VERISPEC_KERNELS", "auto")
+    return mode if mode in ("0", "1", "auto") else "auto"
+
+
+def build_key(source: bytes | None = None) -> str:
+    """What a compiled kernel depends on, hashed: its source, the compiler flags, torch's and
+    Python's versions and the CPU capability (the build directory's name)."""
+    source = _SOURCE.read_bytes() if source is None else source
+    parts = [source, " ".join(_CFLAGS).encode(), torch.__version__.encode(), sys.version.split()[0].encode(),
+             torch.backends.cpu.get_cpu_capability().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec")) / "kernels"
 
 
 def _load():
-    global _kernel, _status
+    global _kernel, _status, _build_dir, _choices
     if _status != "not loaded":
         return _kernel
-    if os.environ.get("VERISPEC_KERNELS", "1") == "0":
+    if _mode() == "0":
         _status = "disabled by VERISPEC_KERNELS=0"
     elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         _status = f"CPU capability {torch.backends.cpu.get_cpu_capability()} lacks AVX2"
     else:
+        key = build_key()
+        _build_dir = cache_root() / f"{_NAME}-{key}"
         try:
-            import sys
+            from torch.utils.cpp_extension import load
 
-            from torch.utils.cpp_extension import _get_build_directory, load
-
-            source = Path(__file__).resolve().parent.parent / "csrc" / "skinny_linear.cpp"
-            if not list(Path(_get_build_directory(_NAME, verbose=False)).glob("*.so")):
-                print("verispec: compiling the CPU kernel (once; about a minute)", file=sys.stderr, flush=True)
-            _kernel = load(
-                _NAME, [str(source)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                extra_ldflags=["-fopenmp"], verbose=False,
-            )
+            _build_dir.mkdir(parents=True, exist_ok=True)
+            if not list(_build_dir.glob("*.so")):
+                print(f"verispec: compiling the CPU kernel into {_build_dir} (once; about a minute)", file=sys.stderr, flush=True)
+            _kernel = load(f"{_NAME}_{key}", [str(_SOURCE)], build_directory=str(_build_dir), extra_cflags=_CFLAGS,
+                           extra_ldflags=["-fopenmp"], verbose=False)
             _status = "skinny kernel loaded"
-        except Exception as error:  # no compiler, no ninja, ...: fall back, but say so
+            try:
+                _choices = json.loads((_build_dir / "choices.json").read_text())
+            except (OSError, ValueError):
+                _choices = {}
+        except Exception as error:  # no compiler, no ninja, ...: fall back, but say so (once per process)
             _status = f"skinny kernel unavailable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+            print(f"verispec: {_status}; using torch's linear for every product", file=sys.stderr, flush=True)
     return _kernel
 
 
@@ -56,10 +90,60 @@ def kernel_status() -> str:
     return _status
 
 
+def kernel_choices() -> dict[str, dict]:
+    """The measured choices so far: "rows x N x K" -> kernel and torch seconds, and which is used."""
+    return dict(_choices)
+
+
+def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
+    """Whether the skinny kernel beat F.linear for this row count and weight shape (measured
+    now on first use: medians of 7 interleaved timings each; kept in the build directory)."""
+    mode = _mode()
+    if mode != "auto":
+        return mode == "1"
+    key = f"{rows}x{weight.shape[0]}x{weight.shape[1]}"
+    choice = _choices.get(key)
+    if choice is None:
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+        w = weight.contiguous()
+        times: dict[str, list[float]] = {"kernel": [], "torch": []}
+        for _ in range(8):
+            for name, run in (("kernel", lambda: _kernel.skinny_linear(x, w)), ("torch", lambda: F.linear(x, w))):
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        kernel_s, torch_s = (sorted(t[1:])[len(t) // 2 - 1] for t in (times["kernel"], times["torch"]))  # the first is a warm-up
+        choice = _choices[key] = {"kernel_s": kernel_s, "torch_s": torch_s, "kernel": kernel_s <= torch_s}
+        if _build_dir is not None:
+            try:
+                tmp = _build_dir / f"choices.json.{os.getpid()}"
+                tmp.write_text(json.dumps(_choices, indent=1))
+                tmp.replace(_build_dir / "choices.json")
+            except OSError:
+                pass  # a read-only cache: measured again next time
+    return choice["kernel"]
+
+
+def calibrate(model: torch.nn.Module, max_rows: int = MAX_ROWS) -> list[dict]:
+    """Measure (or read) the kernel/torch choice for every float32 `Linear` shape of the model
+    at 1..max_rows rows now, outside any timed loop. Returns one record per (shape, rows)."""
+    if _load() is None or _mode() != "auto":
+        return []
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear) and m.weight.dtype == torch.float32}
+    records = []
+    with torch.no_grad():
+        for n, k in sorted(shapes):
+            weight = next(m.weight for m in model.modules() if isinstance(m, Linear) and tuple(m.weight.shape) == (n, k))
+            for rows in range(1, min(max_rows, MAX_ROWS) + 1):
+                _faster_is_kernel(rows, weight)
+                records.append({"rows": rows, "shape": (n, k), **_choices[f"{rows}x{n}x{k}"]})
+    return records
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]."""
     rows = _kernel_rows(x) if weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad) else 0
-    if rows:
+    if rows and _faster_is_kernel(rows, weight):
         y = _kernel.skinny_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight.contiguous())
         y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y + bias
