@@ -1,4 +1,5 @@
-"""The command line: it streams text and one statistics line; bad input is one line and exit 2."""
+"""The command line: it streams text and one statistics line; batches, standard input, stop
+strings and JSON output. Bad input: tests/test_cli_errors.py."""
 
 import subprocess
 import sys
@@ -34,37 +35,6 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
     assert plain[:-1] == spec[:-1]
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["generate", "hi", "--target", "/nonexistent/dir"], "no config.json"),
-        (["generate", "hi", "--target", "{target}", "--top-p", "1.5"], "top_p"),
-        (["generate", "hi", "--target", "{target}", "--temperature", "-1"], "temperature"),
-        (["generate", "hi", "--target", "{target}", "--max-new-tokens", "0"], "max_new_tokens"),
-        (["generate", "hi", "--target", "{target}", "--draft", "{target}", "--k", "-2"], "k must be"),
-        (["generate", "hi", "--target", "{target}", "--dtype", "int3"], "dtype"),
-        (["generate", "--target", "{target}"], "no prompt"),
-        (["generate", "hi", "--k", "x"], "--k"),
-        (["generate", "hi", "--target", "{target}", "--draft", "{target}", "--k", "auto", "--k-max", "0"], "k_max"),
-        (["generate", "hi", "--target", "{target}", "--max-new-tokens", "100000"], "context of 2048 positions"),
-        (["generate", "hi", "--target", "{target}", "--backend", "onnx"], "--backend"),
-        (["generate", "hi", "--target", "{target}", "--gguf-type", "q2_k"], "--gguf-type"),
-        (["convert", "--model", "/nonexistent/dir", "--out", "/tmp/x.gguf"], "no config.json"),
-        (["profile", "--target", "{target}", "--context", "100000"], "context of 2048 positions"),
-        (["frobnicate"], "invalid choice"),
-    ],
-)
-def test_bad_arguments_give_one_line_and_exit_2(pair, capsys, argv, message):
-    argv = [a.format(target=pair[0]) for a in argv]
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse's own errors leave through SystemExit
-        code = exit_.code
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("verispec: error:") and message in err
-
-
 def test_prompt_lookup_drafter_from_the_command_line(pair, capsys):
     target, _ = pair
     assert main(["generate", "ab ab ab ab", "--target", str(target), "--draft", "ngram", "--max-new-tokens", "10", "--ignore-eos"]) == 0
@@ -95,3 +65,37 @@ def test_console_script_runs_in_a_subprocess(pair):
     )
     assert result.returncode == 0, result.stderr
     assert "3 tokens in" in result.stdout
+
+
+def test_generate_a_prompts_file_as_one_batch_equals_separate_runs(tmp_path, capsys):
+    """The built-in pair on the default backend, greedy: 8 prompts in one batch (--prompts,
+    --json) give each prompt the tokens of its own run."""
+    import json
+
+    texts = [json.loads(line)["prompt"] for line in open("benchmarks/heldout.jsonl").read().splitlines()[:8]]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    common = ["--max-new-tokens", "24", "--k", "3"]
+    assert main(["generate", "--prompts", str(tmp_path / "prompts.jsonl"), "--json", str(tmp_path / "out.json"), *common]) == 0
+    batched = json.loads((tmp_path / "out.json").read_text())
+    assert [r["prompt"] for r in batched["results"]] == texts and batched["stats"]["generated_tokens"] == sum(len(r["token_ids"]) for r in batched["results"])
+    for text, result in zip(texts, batched["results"]):
+        assert main(["generate", "--prompt", text, "--json", str(tmp_path / "one.json"), *common]) == 0
+        alone = json.loads((tmp_path / "one.json").read_text())["results"][0]
+        assert alone["token_ids"] == result["token_ids"] and alone["text"] == result["text"]
+    capsys.readouterr()
+
+
+def test_stdin_stop_strings_and_json(pair, tmp_path, monkeypatch, capsys):
+    import io
+    import json
+
+    target, draft = pair
+    common = ["--target", str(target), "--draft", str(draft), "--k", "2", "--max-new-tokens", "40", "--ignore-eos", "--backend", "torch"]
+    assert main(["generate", "--prompt", "def f(x):", "--json", str(tmp_path / "full.json"), *common]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())["results"][0]["text"]
+    stop = full[5:7]  # a piece of the continuation: it must end before its first occurrence
+    monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": io.BytesIO(b"def f(x):")})())
+    assert main(["generate", "-", "--stop", stop, "--json", str(tmp_path / "cut.json"), *common]) == 0
+    cut = json.loads((tmp_path / "cut.json").read_text())["results"][0]
+    assert cut["text"] == full[: full.index(stop)] and cut["finish_reason"] == "stop" and cut["prompt"] == "def f(x):"
+    capsys.readouterr()

@@ -110,7 +110,7 @@ def test_quantize_command(model, tmp_path, capsys):
     assert "int4" in capsys.readouterr().out
     assert load_pretrained(tmp_path / "q4").quantization["bits"] == 4
     assert main(["quantize", "--model", str(tmp_path / "float"), "--out", str(tmp_path / "x"), "--bits", "4", "--group-size", "48"]) == 2
-    assert "group_size" in capsys.readouterr().err
+    assert "--group-size" in capsys.readouterr().err
 
 
 def test_gptq_beats_round_to_nearest_on_inputs_like_its_calibration():

@@ -33,7 +33,7 @@ from .theory import mixed_speedup
 
 RUN_FIELDS = (
     "k", "temperature", "tokens_per_s_baseline", "tokens_per_s_speculative", "speedup", "speedup_min", "speedup_max",
-    "alpha_hat", "beta", "mean_tokens_per_pass", "predicted_speedup", "greedy_identical",
+    "alpha_hat", "beta", "mean_tokens_per_pass", "predicted_speedup", "greedy_identical", "baseline_spread", "noisy",
 )
 
 
@@ -60,6 +60,9 @@ def _predicted_with_prefill(decode_speedup: float, plain_decode_s: float, prefil
     """The refined model predicts decoding; prompts are prefilled all the same (the draft's
     too), measured. Whole-run speed-up = (prefill + decode) plain / (prefill + decode) spec."""
     return (prefill_plain_s + plain_decode_s) / (prefill_spec_s + plain_decode_s / decode_speedup)
+
+
+NOISY_SPREAD = 1.25  # a plain baseline whose repeats range wider than this (max / min) marks its run noisy
 
 
 def run_bench(
@@ -114,7 +117,9 @@ def run_bench(
                 "alpha_hat": stats_all.alpha_hat, "beta": stats_all.beta, "mean_tokens_per_pass": stats_all.mean_tokens_per_pass,
                 "acceptance_by_position": stats_all.acceptance_by_position, "beta_by_position": stats_all.beta_by_position,
                 "predicted_speedup": None, "greedy_identical": identical if temperature == 0 else None,
+                "baseline_spread": max(base_tps) / min(base_tps),
             }
+            run["noisy"] = run["baseline_spread"] > NOISY_SPREAD
             if k != "auto":
                 tokens = stats_all.generated_tokens / repeats
                 shares = (stats_all.proposal_length_shares + [0.0] * (k + 1))[: k + 1]  # passes proposing 0..k tokens
@@ -126,7 +131,7 @@ def run_bench(
     bar.close()
     best = {}
     for temperature in temperatures:
-        fixed = [r for r in runs if r["temperature"] == temperature and r["k"] != "auto"]
+        fixed = [r for r in runs if r["temperature"] == temperature and r["k"] != "auto" and not r["noisy"]]
         if fixed:
             top = max(fixed, key=lambda r: r["speedup"])
             best[str(temperature)] = {"k": top["k"], "speedup": top["speedup"]}
@@ -135,7 +140,9 @@ def run_bench(
         "draft_bytes_per_token": weight_bytes(draft_model) if draft_model is not None else 0,
         "target_bytes_per_pass": weight_bytes(target),
         "max_new_tokens": max_new_tokens, "repeats": repeats,
-        "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair ratios",
+        "noisy_runs": sum(r["noisy"] for r in runs),
+        "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair ratios; "
+                f"noisy = the plain baseline's repeats ranged more than {NOISY_SPREAD}x (such runs are not picked as the best k)",
     }
 
 
@@ -163,32 +170,43 @@ def plot(result: dict, directory: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     runs = [r for r in result["runs"] if r["k"] != "auto"]
+    repeats = result.get("repeats", 1)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for temperature in sorted({r["temperature"] for r in runs}):
+    for temperature in sorted({r["temperature"] for r in result["runs"]}):
         rs = sorted((r for r in runs if r["temperature"] == temperature), key=lambda r: r["k"])
         ks = [r["k"] for r in rs]
-        ax.errorbar(ks, [r["speedup"] for r in rs], yerr=[[r["speedup"] - r["speedup_min"] for r in rs], [r["speedup_max"] - r["speedup"] for r in rs]],
-                    marker="o", capsize=3, label=f"measured, T={temperature}")
-        if all(r["predicted_speedup"] is not None for r in rs):
-            ax.plot(ks, [r["predicted_speedup"] for r in rs], "--", marker="x", label=f"predicted, T={temperature}")
+        line = ax.errorbar(ks, [r["speedup"] for r in rs], yerr=[[r["speedup"] - r["speedup_min"] for r in rs], [r["speedup_max"] - r["speedup"] for r in rs]],
+                           marker="o", capsize=4, label=f"measured, T={temperature}" + (" (one repeat: no spread)" if repeats == 1 else ""))
+        if rs and all(r["predicted_speedup"] is not None for r in rs):
+            ax.plot(ks, [r["predicted_speedup"] for r in rs], "--", marker="x", markersize=8, label=f"predicted, T={temperature}")
+        for auto in (r for r in result["runs"] if r["k"] == "auto" and r["temperature"] == temperature):
+            ax.axhline(auto["speedup"], ls=":", color=line[0].get_color(), label=f"k = auto, T={temperature}: {auto['speedup']:.2f}x")
     ax.axhline(1.0, color="grey", lw=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft length k")
     ax.set_ylabel("speed-up over plain decoding")
-    ax.legend()
+    ax.set_title(f"measured (median, min-max over {repeats} repeats) and predicted speed-up", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     first = directory / "speedup_vs_k.png"
     fig.savefig(first, dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in runs:
+    markers = "osD^vP*X"
+    for i, r in enumerate(result["runs"]):  # distinct markers, later runs smaller: none hides another
         if r["beta_by_position"]:
-            ax.plot(range(1, len(r["beta_by_position"]) + 1), r["beta_by_position"], marker="o", label=f"k={r['k']}, T={r['temperature']}")
+            ax.plot(range(1, len(r["beta_by_position"]) + 1), r["beta_by_position"], marker=markers[i % len(markers)],
+                    markersize=max(3, 9 - i), alpha=0.85, label=f"k={r['k']}, T={r['temperature']}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position")
     ax.set_ylabel("beta (exact acceptance probability)")
     ax.set_ylim(0, 1.05)
+    ax.set_title("acceptance probability by draft position", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     second = directory / "acceptance_by_position.png"

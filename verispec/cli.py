@@ -7,17 +7,19 @@ stderr, `verispec: error: ...`, and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 
+from . import __version__
 from .config import SamplingParams
 from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
 from .engine import generate
-from .models.backend import BACKENDS, GGUF_TYPES, load, load_text_tokenizer
+from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
 from .models.hf import load_model
 from .models.vocab import check_same_tokenizer, match_vocab_size
@@ -32,6 +34,56 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str) -> int:
     print(f"verispec: error: {message}", file=sys.stderr)
     return 2
+
+
+def _draft_lengths(text: str) -> list[int | str]:
+    """--k of bench: comma-separated draft lengths >= 0 or 'auto'."""
+    ks = []
+    for item in text.split(","):
+        try:
+            ks.append(_draft_length(item.strip()))
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"--k: {error}") from None
+    if any(isinstance(k, int) and k < 1 for k in ks):
+        raise ValueError(f"--k: bench compares each draft length with plain decoding (its baseline): lengths must be >= 1 or 'auto', got {text!r}")
+    return ks
+
+
+def _temperatures(text: str) -> list[float]:
+    try:
+        values = [float(item) for item in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--temperature must be comma-separated numbers, got {text!r}") from None
+    if any(not value >= 0 for value in values):
+        raise ValueError(f"--temperature must be >= 0, got {text!r}")
+    return values
+
+
+def _check_reports(args: argparse.Namespace) -> None:
+    """bench's outputs and optional dependencies, checked before the benchmark runs."""
+    import importlib.util
+
+    for flag, path in (("--json", args.json), ("--csv", getattr(args, "csv", None))):
+        if path is not None:
+            _check_writable(path, flag)
+    plot_dir = getattr(args, "plot_dir", None)
+    if plot_dir is not None:
+        if Path(plot_dir).exists() and not Path(plot_dir).is_dir():
+            raise ValueError(f"--plot-dir {plot_dir}: not a directory")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot-dir needs matplotlib (pip install matplotlib)")
+    if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
+        raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def _draft_length(text: str) -> int | str:
@@ -65,16 +117,21 @@ def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                              "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
     parser.add_argument("--gguf-type", default="f32", choices=GGUF_TYPES,
                         help="with llama.cpp: the type a Hugging Face directory is converted to (default f32)")
-    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: every core this process may use)")
+    parser.add_argument("--threads", type=_positive, default=None, help="llama.cpp threads (default: every core this process may use)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verispec", description="Exact speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"verispec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = commands.add_parser("generate", help="stream a completion, then one line of statistics")
-    gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt (or use --prompt)")
-    gen.add_argument("--prompt", help="the prompt text")
+    gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
+    gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
+    gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt')
+    gen.add_argument("--json", metavar="OUT", help="write the prompts, completions (text and token ids), finish reasons and statistics here")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a completion before this text (repeatable)")
     gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
     gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
     gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
@@ -186,12 +243,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(path: str, args: argparse.Namespace, dtype):
     """A model on the backend --backend names; a fallback of `auto` is said once, on stderr."""
-    model, note = load(path, args.backend, dtype, args.gguf_type, n_threads=args.threads)
+    device = _device(args)
+    if device.type != "cpu" and is_gguf(path):
+        raise ValueError(f"{path}: a GGUF file runs on llama.cpp, on the CPU here, not on --device {args.device}")
+    model, note = load(path, args.backend, dtype, args.gguf_type, device=device, n_threads=args.threads)
     if note:
         print(f"verispec: {note}", file=sys.stderr)
     if not isinstance(model, torch.nn.Module) and getattr(args, "peer", None) != "hf":
         torch.set_num_threads(1)  # llama.cpp has the cores; torch's work per step is a few [B, k+1, V] tensors
     return model
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    try:
+        device = torch.device(getattr(args, "device", "cpu"))
+    except RuntimeError:
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here (this torch is {torch.__version__})")
+        if args.backend == "llamacpp":
+            raise ValueError(f"--device {args.device}: the llama.cpp backend runs on the CPU here; use --backend torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {args.device}: there are {torch.cuda.device_count()} CUDA devices")
+    return device
 
 
 def _target(args: argparse.Namespace, dtype):
@@ -240,10 +317,47 @@ def _default_pair(args: argparse.Namespace) -> None:
             args.draft = [str(DRAFT_DIR)] if args.command == "plan" else str(DRAFT_DIR)
 
 
+def _prompt_texts(args: argparse.Namespace) -> list[str]:
+    """The prompts of `generate`: PROMPT, --prompt TEXT or --prompts FILE (exactly one of them);
+    '-' reads the prompt from standard input. Text must be valid UTF-8."""
+    given = [name for name, value in (("PROMPT", args.prompt_text), ("--prompt", args.prompt), ("--prompts", args.prompts)) if value is not None]
+    if not given:
+        raise ValueError("no prompt: give PROMPT, --prompt TEXT, --prompts FILE, or - to read standard input")
+    if len(given) > 1:
+        raise ValueError(f"give one of PROMPT, --prompt and --prompts, not {' and '.join(given)}")
+    if args.prompts is not None:
+        texts = _read_prompts(args.prompts, None)
+    else:
+        text = args.prompt if args.prompt is not None else args.prompt_text
+        if text == "-":
+            data = sys.stdin.buffer.read()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"standard input is not UTF-8 text (byte {error.start})") from None
+        texts = [text]
+    for number, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # the command line's undecodable bytes arrive as lone surrogates
+            raise ValueError(f"prompt {number} is not valid UTF-8 text") from None
+    return texts
+
+
+def _stop_at(text: str, stops: list[str]) -> int | None:
+    """Where text must end: before the earliest stop string in it, or None."""
+    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return min(found) if found else None
+
+
 def _generate(args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else args.prompt_text
-    if prompt is None:
-        return _fail("no prompt: give PROMPT or --prompt TEXT")
+    import json
+
+    texts = _prompt_texts(args)
+    if args.json is not None:
+        _check_writable(args.json, "--json")
+    if any(stop == "" for stop in args.stop):
+        return _fail("--stop needs a non-empty string")
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
@@ -254,48 +368,94 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else eos,
     )
-    prompt_ids = tokenizer.encode(prompt).ids
-    if not prompt_ids:
-        return _fail("the prompt encodes to no tokens")
+    prompt_ids = [tokenizer.encode(text).ids for text in texts]
+    if not all(prompt_ids):
+        return _fail(f"prompt {next(i for i, ids in enumerate(prompt_ids, 1) if not ids)} encodes to no tokens")
     from .engine import check_context
 
-    check_context(target, [prompt_ids], args.max_new_tokens)  # before the cost profile, which reads that long a context
+    check_context(target, prompt_ids, args.max_new_tokens)  # before the cost profile, which reads that long a context
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)  # validated before any work
     if isinstance(target, torch.nn.Module):
         from .models.kernels import kernel_status
 
+        from .models.kernels import calibrate
+
         kernel_status()  # load (or build, once) the CPU kernel now, not inside the timed loop
+        calibrate(target, len(prompt_ids) * (max(args.k_max, args.k if isinstance(args.k, int) else 0) + 1))  # and measure it against torch's
+        if isinstance(getattr(drafter, "model", None), torch.nn.Module):
+            calibrate(drafter.model, len(prompt_ids) * 2)
     plain_step_s = None
     if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
         from .profiler import profile_costs
 
-        profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, context_length=len(prompt_ids) + args.max_new_tokens // 2, repeats=3)
+        longest = max(map(len, prompt_ids))
+        profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, batch_size=len(prompt_ids),
+                                context_length=longest + args.max_new_tokens // 2, repeats=3)
         k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r)
         plain_step_s = profile.target_s[0]
     stats = SpecStats()
-    generated: list[int] = []
+    generated: list[list[int]] = [[] for _ in texts]
+    ends: list[int | None] = [None] * len(texts)  # where a stop string cut a row's text
+    stream = len(texts) == 1 and args.json is None
     shown = ""
-    sys.stdout.write(prompt)
-    for chunk in generate(target, [prompt_ids], params, drafter, k=k, stats=stats):
-        generated.extend(chunk[0])
-        text = tokenizer.decode(generated, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
-            sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
-            sys.stdout.flush()
-            shown = text
-    print()
+    if stream:
+        sys.stdout.write(texts[0])
+    steps = generate(target, prompt_ids, params, drafter, k=k, stats=stats)
+    for chunk in steps:
+        for row, tokens in enumerate(chunk):
+            if tokens and ends[row] is None:
+                generated[row].extend(tokens)
+                if args.stop:
+                    ends[row] = _stop_at(tokenizer.decode(generated[row], skip_special_tokens=True), args.stop)
+        if stream:
+            text = tokenizer.decode(generated[0], skip_special_tokens=True)
+            text = text if ends[0] is None else text[: ends[0]]
+            if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
+                sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
+                sys.stdout.flush()
+                shown = text
+        if args.stop and all(end is not None for end in ends):
+            break  # every row reached a stop string
+    steps.close()  # its statistics are complete once it is closed
+    results = []
+    for row, (prompt, ids) in enumerate(zip(texts, generated)):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        request = stats.requests[row] if row < len(stats.requests) else None
+        finish = "stop" if ends[row] is not None else (request.finish_reason if request else None)
+        results.append({"prompt": prompt, "text": text if ends[row] is None else text[: ends[row]], "token_ids": ids,
+                        "finish_reason": finish})
+    if stream:
+        print()
+    elif args.json is None:
+        for result in results:
+            print(result["prompt"] + result["text"])
+            print()
     print(stats.summary(plain_step_s))
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps({"results": results, "stats": stats.to_dict()}, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """A one-line error now, not after the work, when `path` cannot be written."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory")
+    if not target.parent.is_dir():
+        raise ValueError(f"{flag} {path}: no directory {target.parent}")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
 
 
 def _model(name: str, dtype, args: argparse.Namespace):
     """A model (directory or GGUF file, on --backend), or a preset of verispec.train with random
     weights on torch (costs only)."""
-    from . import train
     from .models.llama import LlamaForCausalLM, init_weights
+    from .models.presets import PRESETS
 
-    if not Path(name).exists() and name in train.PRESETS:
-        return init_weights(LlamaForCausalLM(train.PRESETS[name])).to(dtype).eval()
+    if not Path(name).exists() and name in PRESETS:
+        return init_weights(LlamaForCausalLM(PRESETS[name])).to(dtype).eval()
     return _load(name, args, dtype)
 
 
@@ -316,7 +476,8 @@ def _plan(args: argparse.Namespace) -> int:
     for candidate in report["candidates"]:
         share = "" if candidate["proposal_share"] == 1.0 else f", proposes at {candidate['proposal_share']:.0%} of positions"
         print(f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f}{share} -> {candidate['advice']}")
-        print("  alpha by position: " + " ".join(f"{a:.2f}" for a in candidate["alpha_by_position"]))
+        print("  alpha by position: " + " ".join(f"{a:.2f}" if n else "-" for a, n in zip(candidate["alpha_by_position"], candidate["alpha_samples"]))
+              + " ('-': no samples that deep)" * (0 in candidate["alpha_samples"]))
         print("  predicted speed-up: " + " ".join(f"k={k}:{s:.2f}" for k, s in enumerate(candidate["predicted_speedup"])))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
@@ -328,6 +489,12 @@ def _quantize(args: argparse.Namespace) -> int:
     from .models.checkpoint import save_pretrained
     from .models.quantize import quantize_model, weight_bytes
 
+    from .models.quantize import GROUP_SIZES
+
+    if args.bits == 4 and args.group_size not in GROUP_SIZES:
+        return _fail(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {args.group_size}")
+    if Path(args.out).is_file():
+        return _fail(f"--out {args.out}: a file, not a directory")
     model = load_pretrained(args.model)
     before = weight_bytes(model)
     calibration = None
@@ -347,6 +514,8 @@ def _profile(args: argparse.Namespace) -> int:
     from .models.kernels import kernel_status
     from .profiler import profile_costs
 
+    if args.k_max < 1:
+        return _fail(f"--k-max must be >= 1, got {args.k_max}")
     _default_pair(args)
     if args.compare_quantized:  # verispec's own int8/int4 formats run on PyTorch
         if args.backend == "llamacpp":
@@ -361,6 +530,11 @@ def _profile(args: argparse.Namespace) -> int:
     limit = getattr(target.config, "max_position_embeddings", None)
     if isinstance(limit, int) and args.context + args.k_max + 1 > limit:
         return _fail(f"--context {args.context} plus --k-max {args.k_max} + 1 exceeds the model's context of {limit} positions")
+    choices = []
+    if isinstance(target, torch.nn.Module):
+        from .models.kernels import calibrate
+
+        choices = [c for c in calibrate(target, args.batch_size * (args.k_max + 1)) if c["rows"] in (args.batch_size, args.batch_size * (args.k_max + 1))]
     profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
     if isinstance(target, torch.nn.Module):
         engine = f"{args.dtype}, {kernel_status()}"
@@ -373,6 +547,10 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}")
     if draft is not None:
         print(f"t_draft = {profile.draft_s * 1e3:.2f} ms per token ({draft.config.num_parameters / 1e6:.1f}M params)   c = {profile.c:.3f}")
+    for choice in choices:  # the kernel chosen per weight shape and row count, by measuring both here
+        n, k = choice["shape"]
+        print(f"linear {n}x{k}, {choice['rows']} rows: skinny kernel {choice['kernel_s'] * 1e3:.3f} ms, torch {choice['torch_s'] * 1e3:.3f} ms"
+              f" -> {'skinny kernel' if choice['kernel'] else 'torch'}")
     return 0
 
 
@@ -402,14 +580,23 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
 def _read_prompts(path: str, limit: int | None) -> list[str]:
     import json
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"--max-prompts must be >= 1, got {limit}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start})") from None
     prompts = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            prompts.append(json.loads(line)["prompt"])
+            prompt = json.loads(line)["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string') from None
+            prompt = None
+        if not isinstance(prompt, str):
+            raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string')
+        prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts[:limit]
@@ -456,8 +643,8 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     reason = unavailable()
     if reason:
         return _fail(f"--peer llamacpp: {reason}")
-    ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
-    temperature = float(args.temperature.split(",")[0])
+    ks = _draft_lengths(args.k)
+    temperature = _temperatures(args.temperature)[0]
     texts = _read_prompts(args.prompts, args.max_prompts)
     target, draft = gguf_file(args.target, args.gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, args.gguf_type)
     result = run_llamacpp_peer_bench(target, draft, texts, ks, args.max_new_tokens, args.repeats, temperature, args.seed, args.threads,
@@ -484,17 +671,21 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench, write_reports
 
+    _check_reports(args)
+    ks, temperatures = _draft_lengths(args.k), _temperatures(args.temperature)
     _default_pair(args)
     if args.peer == "llamacpp":
         return _peer_llamacpp(args)
     if args.peer:
         return _peer(args)
-    ks = [k if k == "auto" else _draft_length(k) for k in args.k.split(",")]
-    temperatures = [float(t) for t in args.temperature.split(",")]
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     drafter = _drafter(args.draft, dtype, target, args.target, args)
+    if isinstance(target, torch.nn.Module):  # build and measure the CPU kernel now: no compile time inside a timing
+        from .models.kernels import calibrate
+
+        calibrate(target, max(k for k in ks if k != "auto") + 1 if any(k != "auto" for k in ks) else 9)
     # start() resets a drafter completely, so one object serves every run
     result = run_bench(target, lambda: drafter, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed,
                        getattr(drafter, "model", None))
@@ -505,9 +696,14 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{run['k']!s:>5} {run['temperature']:>4} {run['tokens_per_s_baseline']:>10.1f} {run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5}"
               f" {run['alpha_hat']:>9.3f} {run['beta']:>5.3f} {run['mean_tokens_per_pass']:>8.2f} {run['greedy_identical']}")
     print("tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]")
+    for run in result["runs"]:
+        if run["noisy"]:
+            print(f"noisy: k={run['k']}, T={run['temperature']}: the plain baseline ranged {run['baseline_spread']:.2f}x across "
+                  f"{args.repeats} repeats (the machine was busy?): its speed-up is unreliable and not picked as the best k")
     c = result["profile"]["c"]
     print(f"draft reads {result['draft_bytes_per_token'] / 1e6:.1f} MB of weights per token (target {result['target_bytes_per_pass'] / 1e6:.1f} MB per pass), "
-          f"c = {0.0 if c is None else c:.3f}; best k: " + ", ".join(f"T={t}: k={b['k']} ({b['speedup']:.2f}x)" for t, b in result["best_k"].items()))
+          f"c = {0.0 if c is None else c:.3f}; best k: "
+          + (", ".join(f"T={t}: k={b['k']} ({b['speedup']:.2f}x)" for t, b in result["best_k"].items()) or "none (every run was noisy)"))
     for path in write_reports(result, args.json, args.csv, args.plot_dir):
         print(f"wrote {path}")
     return 0
@@ -563,6 +759,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     from .models.gguf_convert import convert
 
+    _check_writable(args.out, "--out")
     start = time.perf_counter()
     try:
         path = convert(args.model, args.out, args.type)
@@ -586,12 +783,26 @@ _COMMANDS = {
 }
 
 
+# The library's parameter names, as the command line spells them (errors name the flag the user typed)
+_FLAGS = {"top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
+          "k_max": "--k-max", "ks": "--k", "repeats": "--repeats", "batch_size": "--batch-size", "context_length": "--context",
+          "confidence_threshold": "--confidence-threshold"}
+
+
+def _flag_names(message: str) -> str:
+    import re
+
+    return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
+    except UnicodeDecodeError as error:  # a text file that is not UTF-8 (a ValueError too, but its message names no file)
+        return _fail(f"a file is not UTF-8 text: {error.reason} at byte {error.start}")
     except (CheckpointError, ValueError, OSError) as error:
-        return _fail(str(error))
+        return _fail(_flag_names(" ".join(str(error).split())))
     except KeyboardInterrupt:
         return 130
 

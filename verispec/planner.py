@@ -118,6 +118,12 @@ def position_alphas(betas: Sequence[torch.Tensor], k_max: int, block_starts: Seq
     return alphas
 
 
+def position_counts(betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None) -> list[int]:
+    """How many block starts reach depth 1..k_max (the samples behind each alpha_i)."""
+    return [sum(int(block_starts[n][: len(b) - i].sum()) if block_starts else len(b) - i for n, b in enumerate(betas) if len(b) > i)
+            for i in range(k_max)]
+
+
 def plan(
     target: torch.nn.Module,
     drafts: dict[str, object],
@@ -142,7 +148,8 @@ def plan(
         share = float(torch.cat(proposes).double().mean())
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
         report["candidates"].append({
-            "draft": name, "alpha_by_position": alphas, "beta": float(torch.cat(betas).mean()), "c": c,
+            "draft": name, "alpha_by_position": alphas, "alpha_samples": position_counts(betas, k_max, proposes),
+            "beta": float(torch.cat(betas).mean()), "c": c,
             "r": list(profile.r), "proposal_share": share, "predicted_speedup": predicted, "recommended_k": best,
             "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
         })

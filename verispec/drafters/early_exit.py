@@ -34,7 +34,7 @@ def early_exit_model(target: LlamaForCausalLM, num_layers: int) -> LlamaForCausa
     """A model made of the target's first num_layers layers, its final norm and its head."""
     total = target.config.num_hidden_layers
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or not 1 <= num_layers < total:
-        raise ValueError(f"num_layers must be an integer in [1, {total - 1}] for a {total}-layer target, got {num_layers!r}")
+        raise ValueError(f"early exit takes 1 to {total - 1} of the target's {total} layers, got {num_layers!r}")
     # Shallow copies that share every parameter (no allocation, no initialisation).
     draft = copy.copy(target)
     draft._modules = dict(target._modules)

@@ -33,15 +33,26 @@ def parse_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def config_path(directory: str | Path) -> Path:
+    """directory/config.json, or a CheckpointError saying what `directory` is instead."""
+    directory = Path(directory)
+    path = directory / "config.json"
+    if not path.is_file():
+        if not directory.exists():
+            raise CheckpointError(f"{directory}: no such file or directory")
+        if directory.is_file():
+            raise CheckpointError(f"{directory}: a file, not a model directory (a GGUF file must end in .gguf)")
+        raise CheckpointError(f"{directory}: no config.json (not a Hugging Face model directory)")
+    return path
+
+
 def read_config(directory: str | Path) -> LlamaConfig:
     return _read_configs(directory)[0]
 
 
 def _read_configs(directory: str | Path) -> tuple[LlamaConfig, dict | None]:
     """The model config and verispec's quantization_config (None for a float model)."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no config.json (not a Hugging Face model directory)")
+    path = config_path(directory)
     try:
         hf = json.loads(path.read_text())
         quantization = hf.get("quantization_config")

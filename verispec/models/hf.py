@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import QUANT_METHOD, CheckpointError, load_pretrained
+from .checkpoint import QUANT_METHOD, CheckpointError, config_path, load_pretrained
 from .llama import CacheLengths, LlamaConfig
 
 HOLE = torch.iinfo(torch.long).max  # the position of a column that holds nothing for a row
@@ -193,9 +193,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32, device
     raises `CheckpointError` with one line.
     """
     directory = Path(directory)
-    path = directory / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no config.json (not a Hugging Face model directory)")
+    path = config_path(directory)
     try:
         hf_config = json.loads(path.read_text())
         LlamaConfig.from_hf(hf_config)

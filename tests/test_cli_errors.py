@@ -1,0 +1,169 @@
+"""Bad input on the command line: one line on stderr naming what is wrong, exit 2, no
+traceback, and no file changed. Lengths past the model's context fail at once under a memory
+limit, and a long context that the model does allow is read in memory linear in its length."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verispec.cli import main
+from verispec.models.toy import make_toy_pair
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The toy pair and the input files the cases refer to, by name."""
+    root = tmp_path_factory.mktemp("inputs")
+    target, draft = make_toy_pair(root / "pair")
+    (root / "number.jsonl").write_text(json.dumps({"prompt": 42}) + "\n")
+    (root / "garbled.jsonl").write_text("{not json\n")
+    (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    (root / "empty.jsonl").write_text("\n")
+    (root / "good.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    (root / "plain.txt").write_text("not a model\n")
+    (root / "outdir").mkdir()
+    return {"target": str(target), "draft": str(draft), "root": str(root), **{p.stem: str(p) for p in root.iterdir()}}
+
+
+T = ["--target", "{target}", "--backend", "torch"]  # a loaded target: the toy pair on torch (no GGUF cache written)
+G = ["generate", "hi", *T]
+B = ["bench", "--prompts", "{good}", *T, "--draft", "{draft}"]
+
+# (argv, what the one line must contain, standard input or None)
+CASES = [
+    # generate: values
+    (["generate", "hi", "--target", "/nonexistent/dir"], "no such file or directory", None),
+    (["generate", "hi", "--target", "{plain}"], "a file, not a model directory", None),
+    ([*G, "--top-p", "1.5"], "--top-p", None),
+    ([*G, "--top-k", "-3"], "--top-k", None),
+    ([*G, "--min-p", "2"], "--min-p", None),
+    ([*G, "--temperature", "-1"], "temperature", None),
+    ([*G, "--temperature", "warm"], "--temperature", None),
+    ([*G, "--max-new-tokens", "0"], "--max-new-tokens", None),
+    ([*G, "--max-new-tokens", "100000"], "context of 2048 positions", None),
+    ([*G, "--draft", "{draft}", "--k", "-2"], "k must be", None),
+    ([*G, "--k", "x"], "--k", None),
+    ([*G, "--draft", "{draft}", "--k", "auto", "--k-max", "0"], "--k-max", None),
+    ([*G, "--dtype", "int3"], "dtype", None),
+    ([*G, "--backend", "onnx"], "--backend", None),
+    ([*G, "--gguf-type", "q2_k"], "--gguf-type", None),
+    ([*G, "--threads", "0"], "--threads", None),
+    ([*G, "--device", "tpu"], "--device", None),
+    ([*G, "--device", "cuda"], "no CUDA device", None),
+    ([*G, "--confidence-threshold", "1.5"], "--confidence-threshold", None),
+    ([*G, "--stop", ""], "--stop", None),
+    ([*G, "--draft", "/nonexistent/draft"], "no such file or directory", None),
+    ([*G, "--draft", "early-exit:x"], "layer count", None),
+    ([*G, "--draft", "early-exit:9"], "early exit takes 1 to 3", None),
+    # generate: prompts
+    (["generate", *T], "no prompt", None),
+    (["generate", "hi", "--prompt", "ho", *T], "give one of PROMPT, --prompt and --prompts", None),
+    (["generate", "--prompts", "{number}", *T], 'a "prompt" string', None),
+    (["generate", "--prompts", "{garbled}", *T], 'a "prompt" string', None),
+    (["generate", "--prompts", "{latin1}", *T], "not UTF-8", None),
+    (["generate", "--prompts", "{empty}", *T], "no prompts", None),
+    (["generate", "--prompts", "/nonexistent/prompts.jsonl", *T], "No such file", None),
+    (["generate", "caf\udce9", *T], "not valid UTF-8", None),  # undecodable argv bytes arrive as lone surrogates
+    (["generate", "-", *T], "standard input is not UTF-8", b"caf\xe9"),
+    ([*G, "--json", "/nonexistent/dir/out.json"], "no directory", None),
+    ([*G, "--json", "{outdir}"], "is a directory", None),
+    # bench: checked before any work
+    ([*B, "--k", "abc"], "--k", None),
+    ([*B, "--k", "0"], "lengths must be >= 1", None),
+    ([*B, "--temperature", "x"], "--temperature", None),
+    ([*B, "--temperature", "-1"], "--temperature", None),
+    ([*B, "--json", "/nonexistent/dir/b.json"], "--json", None),
+    ([*B, "--csv", "{outdir}"], "--csv", None),
+    ([*B, "--plot-dir", "{plain}"], "--plot-dir", None),
+    ([*B, "--max-prompts", "0"], "--max-prompts", None),
+    ([*B, "--repeats", "0"], "--repeats", None),
+    (["bench", "--prompts", "{number}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
+    (["bench", *T], "--prompts", None),
+    ([*B, "--peer", "vllm"], "invalid choice", None),
+    # plan, profile
+    (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--k-max", "0"], "--k-max", None),
+    (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
+    (["profile", *T, "--context", "100000"], "context of 2048 positions", None),
+    (["profile", *T, "--k-max", "0"], "--k-max", None),
+    (["profile", *T, "--repeats", "0"], "--repeats", None),
+    # convert, quantize, train, the command itself
+    (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),
+    (["convert", "--model", "{target}", "--out", "/nonexistent/dir/x.gguf"], "--out", None),
+    (["convert", "--model", "{target}", "--out", "{root}/x.gguf", "--type", "q2_k"], "invalid choice", None),
+    (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "3"], "invalid choice", None),
+    (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"], "--group-size", None),
+    (["quantize", "--model", "{target}", "--out", "{plain}"], "a file, not a directory", None),
+    (["train", "target", "--preset", "huge"], "--preset", None),
+    (["train", "draft"], "--teacher", None),
+    (["frobnicate"], "invalid choice", None),
+]
+
+
+def _snapshot(*roots: str) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in Path(root).rglob("*") if p.is_file()}
+
+
+class _Stdin:
+    def __init__(self, data: bytes):
+        self.buffer = io.BytesIO(data)
+
+
+def test_the_table_is_long_enough():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("argv, message, stdin", CASES, ids=[" ".join(case[0])[:60] for case in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(files, tmp_path, monkeypatch, capsys, argv, message, stdin):
+    monkeypatch.chdir(tmp_path)
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", _Stdin(stdin))
+    before = _snapshot(files["root"], tmp_path)
+    try:
+        code = main([a.format(**files) for a in argv])
+    except SystemExit as exit_:  # argparse's own errors leave through SystemExit
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.err.count("\n") == 1 and captured.err.startswith("verispec: error:"), captured.err
+    assert message in captured.err and "Traceback" not in captured.err
+    assert _snapshot(files["root"], tmp_path) == before
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("verispec 0.")
+
+
+_LIMITED = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({0}, {0})); from verispec.cli import main; sys.exit(main(sys.argv[1:]))"
+LIMIT = 6 << 30  # bytes of address space: torch's import needs about 2 GB of it; a dense 100000^2 mask needs 40 GB
+
+
+@pytest.mark.parametrize("argv", [["generate", "hi", "--max-new-tokens", "100000"], ["profile", "--context", "100000"]])
+def test_lengths_past_the_context_fail_at_once_under_a_memory_limit(files, argv):
+    done = subprocess.run([sys.executable, "-c", _LIMITED.format(LIMIT), *argv, *[a.format(**files) for a in T]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "context of 2048 positions" in done.stderr
+
+
+def test_a_long_context_the_model_allows_is_read_in_linear_memory(files, tmp_path):
+    """profile --context 30000 on a toy model whose config allows it: under the memory limit (a
+    dense mask of the whole prefill would need 30000^2 x 4 bytes x 4 heads = 14 GB), it runs."""
+    long = Path(files["target"]).parent / "long"
+    if not long.exists():
+        long.mkdir()
+        for item in Path(files["target"]).iterdir():
+            (long / item.name).write_bytes(item.read_bytes())
+        config = json.loads((long / "config.json").read_text())
+        config["max_position_embeddings"] = 40000
+        (long / "config.json").write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, "-c", _LIMITED.format(LIMIT), "profile", "--target", str(long), "--backend", "torch",
+                           "--context", "30000", "--k-max", "1", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
