@@ -14,18 +14,18 @@ for name in a b; do
     cp -r "$repo/verispec" "$repo/pyproject.toml" "$repo/README.md" "$work/src-$name/"
     find "$work/src-$name" -name "__pycache__" -prune -exec rm -rf {} +
     python -m venv --system-site-packages "$work/venv-$name"
-    "$work/venv-$name/bin/pip" install --quiet --no-deps --no-build-isolation -e "$work/src-$name" 2>/dev/null
+    "$work/venv-$name/bin/pip" install --quiet --no-deps -e "$work/src-$name" 2>/dev/null
 done
 echo "// install b" >> "$work/src-b/verispec/csrc/skinny_linear.cpp"
 compiles=0
 for round in 1 2 3 4; do
     for name in a b; do
-        log=$("$work/venv-$name/bin/python" -c "
+        log=$(cd "$work" && "$work/venv-$name/bin/python" -c "
 import time
 start = time.perf_counter()
 from verispec.models import kernels
 status = kernels.kernel_status()
-print(f'{status}; build directory {kernels._build_dir.name}; {time.perf_counter() - start:.1f} s')" 2>&1)
+print(f'{status} from {kernels.__file__}; build directory {kernels._build_dir.name}; {time.perf_counter() - start:.1f} s')" 2>&1)
         if grep -q "compiling" <<<"$log"; then compiles=$((compiles + 1)); fi
         echo "round $round, install $name: $(tr '\n' ' ' <<<"$log")"
     done
