@@ -140,8 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     gen.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
+    gen.add_argument("--seed", type=int, default=None, help="random seed of the sampling (default: fresh entropy)")
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
@@ -155,13 +155,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
     train.add_argument("--teacher", help="with 'draft': the target model directory to distil from")
     train.add_argument("--vocab-size", type=int, default=8192, help="with 'data': BPE vocabulary size")
-    train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--batch-size", type=int, default=16)
-    train.add_argument("--seq-len", type=int, default=256)
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    train.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    train.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
-    train.add_argument("--checkpoint-every", type=int, default=100)
+    train.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
     train.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps; export the best (0 = off: export the last)")
     train.add_argument("--max-seconds", type=float, default=0.0, help="fit the schedule to this many seconds after 60 steps, and stop there at the latest (0 = no limit)")
 
@@ -171,11 +171,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     bench.add_argument("--k", default="1,2,4", help="comma-separated draft lengths, 'auto' allowed (default 1,2,4)")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default 0)")
-    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--dtype", default="float32")
+    bench.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    bench.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--csv", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
@@ -190,23 +190,23 @@ def _parser() -> argparse.ArgumentParser:
     adv.add_argument("--target", help="target model directory or GGUF file (default: the built-in pair's target)")
     adv.add_argument("--draft", action="append", help="a candidate: draft directory or GGUF file, 'ngram' or 'early-exit:L' (repeatable; default: the built-in draft with the built-in target)")
     adv.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
-    adv.add_argument("--k-max", type=int, default=8)
-    adv.add_argument("--temperature", type=float, default=0.0)
-    adv.add_argument("--max-new-tokens", type=int, default=64)
-    adv.add_argument("--max-prompts", type=int, default=None)
-    adv.add_argument("--seed", type=int, default=0)
-    adv.add_argument("--dtype", default="float32")
+    adv.add_argument("--k-max", type=int, default=8, help="the longest draft considered (default 8)")
+    adv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    adv.add_argument("--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)")
+    adv.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts (default: all)")
+    adv.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    adv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     adv.add_argument("--json", help="write the report here")
     _add_backend_arguments(adv)
 
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
     prof.add_argument("--target", help="target model directory or GGUF file, or a preset name of verispec.train (random weights); default: the built-in pair")
     prof.add_argument("--draft", help="draft model directory or preset name")
-    prof.add_argument("--k-max", type=int, default=8)
-    prof.add_argument("--batch-size", type=int, default=1)
-    prof.add_argument("--context", type=int, default=128)
-    prof.add_argument("--repeats", type=int, default=15)
-    prof.add_argument("--dtype", default="float32")
+    prof.add_argument("--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)")
+    prof.add_argument("--batch-size", type=int, default=1, help="rows per pass (default 1)")
+    prof.add_argument("--context", type=int, default=128, help="positions already in the cache when timing (default 128)")
+    prof.add_argument("--repeats", type=int, default=15, help="timings per pass length; the median is kept (default 15)")
+    prof.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     prof.add_argument("--compare-quantized", action="store_true",
                       help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios")
     _add_backend_arguments(prof)
@@ -214,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     quant = commands.add_parser("quantize", help="weight-only int8 (per channel) or int4 (group-wise) copy of a model")
     quant.add_argument("--model", required=True, help="float model directory")
     quant.add_argument("--out", required=True, help="directory to write")
-    quant.add_argument("--bits", type=int, default=8, choices=[4, 8])
+    quant.add_argument("--bits", type=int, default=8, choices=[4, 8], help="8 (default, per output channel) or 4 (group-wise)")
     quant.add_argument("--group-size", type=int, default=64, help="with --bits 4: 32, 64 or 128")
     quant.add_argument("--calibration", help="with --bits 4: a data directory of 'verispec train data' (GPTQ on its training split)")
     quant.add_argument("--float-head", action="store_true", help="keep the output head in float (default: int8 per channel)")
@@ -236,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
 
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
-    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     toy.add_argument("--sizes", default="tiny", choices=["tiny", "presets"], help="presets: the built-in pair's architectures (random weights)")
     return parser
 
@@ -448,6 +448,14 @@ def _check_writable(path: str, flag: str) -> None:
         raise ValueError(f"{flag} {path}: not writable")
 
 
+def _progress(command: str):
+    """A progress line per phase on stderr, when stderr is a terminal (long runs say what they do)."""
+    def say(message: str) -> None:
+        if sys.stderr.isatty():
+            print(f"verispec {command}: {message}", file=sys.stderr, flush=True)
+    return say
+
+
 def _model(name: str, dtype, args: argparse.Namespace):
     """A model (directory or GGUF file, on --backend), or a preset of verispec.train with random
     weights on torch (costs only)."""
@@ -472,7 +480,7 @@ def _plan(args: argparse.Namespace) -> int:
     drafts = {name: _drafter(name, dtype, target, args.target, args) for name in args.draft}
     prompts = [tokenizer.encode(text).ids for text in _read_prompts(args.prompts, args.max_prompts)]
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
-    report = plan(target, drafts, prompts, params, args.k_max)
+    report = plan(target, drafts, prompts, params, args.k_max, progress=_progress("plan"))
     for candidate in report["candidates"]:
         share = "" if candidate["proposal_share"] == 1.0 else f", proposes at {candidate['proposal_share']:.0%} of positions"
         print(f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f}{share} -> {candidate['advice']}")
@@ -535,6 +543,7 @@ def _profile(args: argparse.Namespace) -> int:
         from .models.kernels import calibrate
 
         choices = [c for c in calibrate(target, args.batch_size * (args.k_max + 1)) if c["rows"] in (args.batch_size, args.batch_size * (args.k_max + 1))]
+    _progress("profile")(f"timing passes of 1..{args.k_max + 1} positions{' and the draft' if draft is not None else ''}, {args.repeats} times each")
     profile = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
     if isinstance(target, torch.nn.Module):
         engine = f"{args.dtype}, {kernel_status()}"

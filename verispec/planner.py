@@ -24,7 +24,7 @@ reading; the prediction and the recommendation come from the replay.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -130,14 +130,19 @@ def plan(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     k_max: int = 8,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Per draft (a model or a drafter): alpha per position, c, the share of positions where it
-    proposes, predicted S(k) for k = 0..k_max (the replay), the recommended k."""
+    proposes, predicted S(k) for k = 0..k_max (the replay), the recommended k. `progress` is
+    told each phase as it starts."""
+    say = progress or (lambda message: None)
+    say(f"the target's continuations of {len(prompts)} prompts")
     continuations = generate_all(target, prompts, params)
     sequences = [list(p) + c for p, c in zip(prompts, continuations)]
     context = round(sum(map(len, sequences)) / len(sequences))
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
-    for name, draft in drafts.items():
+    for number, (name, draft) in enumerate(drafts.items(), 1):
+        say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         blocks = teacher_forced_blocks(target, draft, sequences, [len(p) for p in prompts], params, k_max)
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
