@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ _kernel = None
 _status = "not loaded"
 _build_dir: Path | None = None
 _choices: dict[str, dict] = {}  # "rows x N x K" -> {"kernel_s", "torch_s", "kernel": bool}
+_COLD_BYTES = 128 << 20  # weights cycled through when timing a choice: more than any L3 here
 
 
 def _mode() -> str:
@@ -97,22 +99,26 @@ def kernel_choices() -> dict[str, dict]:
 
 def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
     """Whether the skinny kernel beat F.linear for this row count and weight shape (measured
-    now on first use: medians of 7 interleaved timings each; kept in the build directory)."""
+    now on first use, with the weights read from memory as in decoding: medians of 3 rounds,
+    interleaved; kept in the build directory)."""
     mode = _mode()
     if mode != "auto":
         return mode == "1"
     key = f"{rows}x{weight.shape[0]}x{weight.shape[1]}"
     choice = _choices.get(key)
     if choice is None:
+        # Decoding reads each weight from memory, not from a cache: time both on copies of the
+        # weight that together exceed any L3, one product per copy in turn.
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-        w = weight.contiguous()
+        copies = [weight.detach().clone() for _ in range(max(2, -(-_COLD_BYTES // (weight.numel() * weight.element_size()))))]
         times: dict[str, list[float]] = {"kernel": [], "torch": []}
-        for _ in range(8):
-            for name, run in (("kernel", lambda: _kernel.skinny_linear(x, w)), ("torch", lambda: F.linear(x, w))):
+        for _ in range(4):
+            for name, run in (("kernel", _kernel.skinny_linear), ("torch", F.linear)):
                 start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        kernel_s, torch_s = (sorted(t[1:])[len(t) // 2 - 1] for t in (times["kernel"], times["torch"]))  # the first is a warm-up
+                for w in copies:
+                    run(x, w)
+                times[name].append((time.perf_counter() - start) / len(copies))
+        kernel_s, torch_s = (statistics.median(t[1:]) for t in (times["kernel"], times["torch"]))  # the first round warms up
         choice = _choices[key] = {"kernel_s": kernel_s, "torch_s": torch_s, "kernel": kernel_s <= torch_s}
         if _build_dir is not None:
             try:
