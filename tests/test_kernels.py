@@ -13,7 +13,7 @@ from verispec.models import kernels
 def kernel_always(monkeypatch, request):
     """The numeric tests check the kernel itself: VERISPEC_KERNELS=1 (not the measured choice)."""
     if "auto_choice" not in request.node.name:
-        monkeypatch.setenv("VERISPEC_KERNELS", "1")
+        monkeypatch.setattr(kernels, "MODE", "1")
 
 
 def test_kernel_loads_on_this_machine():
@@ -54,12 +54,14 @@ def test_batched_shapes_and_fallbacks():
 def test_auto_choice_uses_the_faster_of_the_two_as_measured(monkeypatch):
     if kernels.kernel_status() != "skinny kernel loaded":
         pytest.skip(kernels.kernel_status())
-    monkeypatch.setenv("VERISPEC_KERNELS", "auto")
+    monkeypatch.setattr(kernels, "MODE", "auto")
+    monkeypatch.setattr(kernels, "_use_kernel", {})
     x, w = torch.randn(3, 64), torch.randn(40, 64)
     monkeypatch.setitem(kernels._choices, "3x40x64", {"kernel_s": 2.0, "torch_s": 1.0, "kernel": False})
     with torch.no_grad():
         assert torch.equal(kernels.linear(x, w), F.linear(x, w))  # torch's, bit for bit
         monkeypatch.setitem(kernels._choices, "3x40x64", {"kernel_s": 1.0, "torch_s": 2.0, "kernel": True})
+        kernels._use_kernel.clear()
         assert torch.equal(kernels.linear(x, w), kernels._kernel.skinny_linear(x, w))
         kernels._choices.pop("5x24x64", None)
         kernels.linear(torch.randn(5, 64), torch.randn(24, 64))  # first use: measured now, and kept

@@ -44,6 +44,10 @@ def _mode() -> str:
     return mode if mode in ("0", "1", "auto") else "auto"
 
 
+MODE = _mode()  # VERISPEC_KERNELS, read once: "auto" (measured), "1" (the kernel) or "0" (torch's linear)
+_use_kernel: dict[tuple[int, int, int], bool] = {}  # (rows, N, K) -> the choice: the hot path's lookup
+
+
 def build_key(source: bytes | None = None) -> str:
     """What a compiled kernel depends on, hashed: its source, the compiler flags, torch's and
     Python's versions and the CPU capability (the build directory's name)."""
@@ -61,7 +65,7 @@ def _load():
     global _kernel, _status, _build_dir, _choices
     if _status != "not loaded":
         return _kernel
-    if _mode() == "0":
+    if MODE == "0":
         _status = "disabled by VERISPEC_KERNELS=0"
     elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         _status = f"CPU capability {torch.backends.cpu.get_cpu_capability()} lacks AVX2"
@@ -101,9 +105,11 @@ def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
     """Whether the skinny kernel beat F.linear for this row count and weight shape (measured
     now on first use, with the weights read from memory as in decoding: medians of 3 rounds,
     interleaved; kept in the build directory)."""
-    mode = _mode()
-    if mode != "auto":
-        return mode == "1"
+    if MODE != "auto":
+        return MODE == "1"
+    known = _use_kernel.get((rows, weight.shape[0], weight.shape[1]))
+    if known is not None:
+        return known
     key = f"{rows}x{weight.shape[0]}x{weight.shape[1]}"
     choice = _choices.get(key)
     if choice is None:
@@ -127,13 +133,14 @@ def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
                 tmp.replace(_build_dir / "choices.json")
             except OSError:
                 pass  # a read-only cache: measured again next time
+    _use_kernel[(rows, weight.shape[0], weight.shape[1])] = choice["kernel"]
     return choice["kernel"]
 
 
 def calibrate(model: torch.nn.Module, max_rows: int = MAX_ROWS) -> list[dict]:
     """Measure (or read) the kernel/torch choice for every float32 `Linear` shape of the model
     at 1..max_rows rows now, outside any timed loop. Returns one record per (shape, rows)."""
-    if _load() is None or _mode() != "auto":
+    if _load() is None or MODE != "auto":
         return []
     shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear) and m.weight.dtype == torch.float32}
     records = []

@@ -23,9 +23,9 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
