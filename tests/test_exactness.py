@@ -216,6 +216,53 @@ def test_greedy_output_equals_plain_greedy_on_llama_cpp(target, gguf, made, plai
     assert stats.proposed > 0
 
 
+# The compiled step (models/llamacpp_step.py, csrc/llama_step.c) runs the rule itself at a
+# temperature with no top-k, top-p or min-p: the same test, on that setting, through it.
+TEMPERATURE_ONLY = dict(temperature=0.8)
+
+
+@pytest.fixture(scope="module")
+def exact_llamacpp_temperature_only(gguf):
+    params = SamplingParams(**TEMPERATURE_ONLY)
+    probs = np.zeros((VOCAB,) * TOKENS)
+    for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
+        p = process_logits(gguf["target"](torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
+        probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
+    return probs.ravel()
+
+
+COMPILED_CHUNK = 128  # rows per call: the compiled step takes B * (k + 1) <= 512 positions in one llama.cpp batch
+
+
+def _compiled_counts(gguf, threshold: float, temperature: float, seed: int, n: int, monkeypatch):
+    """Joint counts through the compiled step, which must be the one running every chunk."""
+    from verispec.models.llamacpp_step import CompiledStep
+
+    made, maybe = [], CompiledStep.maybe
+    monkeypatch.setattr(CompiledStep, "maybe", classmethod(lambda cls, *args: made.append(maybe(*args)) or made[-1]))
+    counts, stats = np.zeros(VOCAB**TOKENS, dtype=np.int64), SpecStats()
+    for chunk, start in enumerate(range(0, n, COMPILED_CHUNK)):
+        params = SamplingParams(temperature=temperature, seed=seed * 1000 + chunk, max_new_tokens=TOKENS)
+        part, part_stats = joint_counts(gguf["target"], ModelDrafter(gguf["draft"], threshold), params, n=min(COMPILED_CHUNK, n - start))
+        counts += part
+        for request in part_stats.requests:
+            stats.add(request)
+    assert made and all(step is not None for step in made), "the compiled step did not run every chunk"
+    return counts, stats
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.9])
+def test_joint_distribution_is_exact_through_the_compiled_step(gguf, exact_llamacpp_temperature_only, threshold, monkeypatch):
+    counts, stats = _compiled_counts(gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * threshold), N, monkeypatch)
+    assert_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True, label=f"compiled step {TEMPERATURE_ONLY} k=3 p_min={threshold}")
+    assert 0 < stats.accepted < stats.proposed, stats.summary()
+
+
+def test_negative_control_the_compiled_step_at_the_wrong_temperature(gguf, exact_llamacpp_temperature_only, monkeypatch):
+    counts, _ = _compiled_counts(gguf, 0.0, 1.2, 9500, 10_000, monkeypatch)  # exact is for 0.8
+    assert not is_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True)
+
+
 def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf, exact_llamacpp):
     """The llama.cpp target's own distribution is what the test compares with; sampling it at the
     wrong temperature must fail."""

@@ -384,6 +384,10 @@ def _generate(args: argparse.Namespace) -> int:
         calibrate(target, len(prompt_ids) * (max(args.k_max, args.k if isinstance(args.k, int) else 0) + 1))  # and measure it against torch's
         if isinstance(getattr(drafter, "model", None), torch.nn.Module):
             calibrate(drafter.model, len(prompt_ids) * 2)
+    elif drafter is not None:
+        from .models.llamacpp_step import step_status
+
+        step_status()  # build (once) the compiled step now, not inside the timed run
     plain_step_s = None
     if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
         from .profiler import profile_costs
@@ -549,8 +553,9 @@ def _profile(args: argparse.Namespace) -> int:
         engine = f"{args.dtype}, {kernel_status()}"
     else:
         from .models.llamacpp import system_info
+        from .models.llamacpp_step import step_status
 
-        engine = f"llama.cpp, {target.config.description}, {target.n_threads} threads; {system_info()}"
+        engine = f"llama.cpp, {target.config.description}, {target.n_threads} threads; {system_info()}; {step_status()}"
     print(f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket {profile.context_length}; {engine}")
     for n, (t, r) in enumerate(zip(profile.target_s, profile.r), 1):
         print(f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}")
@@ -670,7 +675,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
           f"per prompt, {result['threads']} threads, decode-only tokens/s, median of {args.repeats} rounds; own ms/pass: verispec's time "
           "outside llama.cpp per target pass (share of the target pass)"
           + (f"; confidence threshold {args.confidence_threshold} (llama.cpp's program: --spec-draft-p-min {args.confidence_threshold})"
-             if args.confidence_threshold else ""))
+             if args.confidence_threshold else "") + f"; {result['compiled_step']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -9,7 +9,10 @@ drafter) is plain autoregressive decoding through the same code: the baseline.
 
 The target's cache holds every committed token but the last one, which is "pending" and is
 the first input of the next pass. One host synchronisation per iteration (the output
-tokens, acceptance counts and beta, in one transfer). Knows nothing of text.
+tokens, acceptance counts and beta, in one transfer). A target may offer `compiled_step`
+(llama.cpp with a llama.cpp draft: models/llamacpp_step.py), which runs propose, score, rule
+and both rollbacks as one call; the bookkeeping here is the same for both. Knows nothing of
+text.
 """
 
 from __future__ import annotations
@@ -141,54 +144,67 @@ def generate(
     pending_ids = [p[-1] for p in prompts]
     pending = torch.tensor(pending_ids, device=device)  # [B]
     active = [True] * batch
+    # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft: one compiled call); None otherwise.
+    compiled = None
+    if drafter is not None and hasattr(target, "compiled_step"):
+        compiled = target.compiled_step(cache, drafter, params, prompts, policy.k_max, generator)
     try:
         while any(active):
             k = min(max(policy.choose(), 0), policy.k_max)
             _sync(device)
             t0 = time.perf_counter()
-            if drafter is not None:
-                draft_token_ids, draft_probs = drafter.propose(k, params, generator)  # [B, k], [B, k, V]
-                k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
+            if compiled is not None:  # propose, score, rule and both rollbacks (as if every active row goes on)
+                committed, accepted, betas, k, draft_s = compiled.step(k)
+                t1, t2 = t0 + draft_s, time.perf_counter()
+                rows = list(zip(committed, accepted, betas))
             else:
-                draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
-            _sync(device)
-            t1 = time.perf_counter()
-            start_lengths = cache.host_lengths
-            scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params)  # [B, k+1(, V)]
-            _sync(device)
-            t2 = time.perf_counter()
-            output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
-            host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
+                if drafter is not None:
+                    draft_token_ids, draft_probs = drafter.propose(k, params, generator)  # [B, k], [B, k, V]
+                    k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
+                else:
+                    draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
+                _sync(device)
+                t1 = time.perf_counter()
+                start_lengths = cache.host_lengths
+                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params)  # [B, k+1(, V)]
+                _sync(device)
+                t2 = time.perf_counter()
+                output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
+                host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
+                accepted = [int(row[k + 1]) for row in host]
+                rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
             stats.draft_time_s += t1 - t0
             stats.target_time_s += t2 - t1
 
-            accepted = [int(row[k + 1]) for row in host]
             chunk: list[list[int]] = [[] for _ in range(batch)]
             finished = [False] * batch  # rows that stop at this step
             beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
-            for row, (values, request) in enumerate(zip(host, requests)):
+            for row, ((tokens, n, beta_row), request) in enumerate(zip(rows, requests)):
                 if not active[row]:
                     continue
-                request.observe(k, accepted[row], values[k + 2 :])
-                for i in range(min(accepted[row] + 1, k)):
-                    beta_sums[i] += values[k + 2 + i]
+                request.observe(k, n, beta_row)
+                for i in range(min(n + 1, k)):
+                    beta_sums[i] += beta_row[i]
                     verified[i] += 1
                 budget = params.max_new_tokens - request.generated_tokens
-                tokens, reason = _cut([int(t) for t in values[: accepted[row] + 1]], budget, params.stop_token_ids)
+                tokens, reason = _cut(tokens, budget, params.stop_token_ids)
                 request.generated_tokens += len(tokens)
                 request.finish_reason = reason
                 chunk[row] = tokens
                 finished[row] = reason is not None
             still_active = [live and not done for live, done in zip(active, finished)]
 
-            # Roll back to the committed tokens; a row that is done keeps its old length (its
-            # contents no longer matter, and its cache must not grow while others go on).
-            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
-            # The recovered or bonus token of each row is pending now (a finished row keeps its own).
-            pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, pending_ids)]
-            pending = torch.tensor(pending_ids, device=device)  # [B]
-            if drafter is not None:
-                drafter.commit(accepted, pending, still_active)  # rows not active: ignored
+            if compiled is not None:
+                compiled.retire([row for row, done in enumerate(finished) if done])
+            else:
+                # Roll back to the committed tokens; a row that is done keeps its old length (its
+                # contents no longer matter, and its cache must not grow while others go on).
+                cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
+                # The recovered or bonus token of each row is pending now (a finished row keeps its own).
+                pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, pending_ids)]
+                pending = torch.tensor(pending_ids, device=device)  # [B]
+                if drafter is not None:
+                    drafter.commit(accepted, pending, still_active)  # rows not active: ignored
             active = still_active
             policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
             yield chunk

@@ -37,6 +37,7 @@ from .drafters.model import ModelDrafter
 from .drafters.ngram import PromptLookupDrafter
 from .engine import generate_all
 from .models.llamacpp import GGUFTokenizer, LlamaCppModel
+from .models.llamacpp_step import step_status
 from .profiler import profile_costs
 from .stats import SpecStats
 
@@ -117,6 +118,7 @@ def run_llamacpp_peer_bench(
     target = LlamaCppModel(target_path, threads)
     draft = LlamaCppModel(draft_path, threads) if draft_path is not None else None
     threads = target.n_threads
+    step = step_status()  # built (once) before anything is timed
     tokenizer = GGUFTokenizer(target)
     texts, prompts = list(prompts), [tokenizer.encode(text).ids for text in prompts]
     k_max = max(numeric or [8])
@@ -168,7 +170,7 @@ def run_llamacpp_peer_bench(
         if progress:
             progress()
     return _report(rounds, tokenizer, dict(
-        ks=list(ks), confidence_threshold=confidence_threshold, max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
+        ks=list(ks), compiled_step=step, confidence_threshold=confidence_threshold, max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
         target=str(target_path), draft=None if draft_path is None else str(draft_path), target_description=target.config.description,
         draft_description=None if draft is None else draft.config.description, profile=None if profile is None else profile.to_dict(),
         note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; own_ms_per_pass = verispec's time per "

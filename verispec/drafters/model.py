@@ -28,7 +28,8 @@ class ModelDrafter:
     `confidence_threshold` (0 = off): stop drafting after a position where the draft's most
     likely token has probability below it in every row, so that a step proposes fewer than k
     tokens where the draft is unsure (`transformers`' assistant_confidence_threshold, llama.cpp's
-    --draft-p-min). The decision uses only the draft's own distributions, so the rule stays exact.
+    --draft-p-min); rows that are done do not count. The decision uses only the draft's own
+    distributions, so the rule stays exact.
     """
 
     def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0):
@@ -52,6 +53,7 @@ class ModelDrafter:
         longest = max(len(p) for p in prompts)
         self.pending = torch.tensor([list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)  # [B, P]
         self.pending_count = [len(p) for p in prompts]
+        self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
 
     def prefill(self) -> None:
         """Read the prompts now (all but their last tokens, which stay pending): the engine calls
@@ -72,7 +74,8 @@ class ModelDrafter:
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         width = max(self.pending_count)
         if params.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
-            draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache, self.confidence_threshold)  # [B, k]
+            draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache,
+                                                             self.confidence_threshold, self._live.numpy())  # [B, k]
             self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
             return draft_token_ids, None
         logits = self._last_logits(self.pending[:, :width])  # [B, 1, V]
@@ -90,7 +93,7 @@ class ModelDrafter:
                 token_ids.append(sample(q, generator))
                 probs.append(q)
                 top = q.amax(dim=-1) if self.confidence_threshold else None
-            if top is not None and bool((top < self.confidence_threshold).all()):
+            if top is not None and bool((top[self._live] < self.confidence_threshold).all()):  # rows that are done do not count
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
@@ -113,6 +116,7 @@ class ModelDrafter:
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         assert self.cache is not None
         k, batch = self._k, len(active)
+        self._live = torch.tensor(active, dtype=torch.bool, device=self._live.device)
         if k == 0:  # nothing was fed: append the committed token to each row's pending tokens
             columns = torch.tensor(self.pending_count, device=self.pending.device)[:, None]
             self.pending = torch.cat([self.pending, self.pending.new_zeros(batch, 1)], dim=1).scatter(1, columns, next_token_ids[:, None])

@@ -356,15 +356,16 @@ class LlamaCppModel:
         return result
 
     def greedy_continuation(self, input_ids: torch.Tensor, counts: list[int], steps: int, cache: LlamaCppCache,
-                            confidence_threshold: float = 0.0) -> torch.Tensor:
+                            confidence_threshold: float = 0.0, live: np.ndarray | None = None) -> torch.Tensor:
         """The model's own greedy continuation: read row b's first counts[b] tokens of
         input_ids [B, W], then `steps` times take the argmax token and (but the last) read it.
         Returns those tokens [B, steps] long; row b's cache grows by counts[b] + steps - 1.
         The same tokens as that loop over `forward` and `argmax`, at one llama_decode per step
         with logits only at each row's last token, read in place: a draft model's proposals
         at temperature 0 with no tensor work between its passes. With a confidence_threshold,
-        it stops after the first step where every row's token has a softmax probability below
-        it (fewer columns; the cache grows by the steps taken, minus one)."""
+        it stops after the first step where every row's token (every row where `live` [B] bool
+        is true, when given) has a softmax probability below it (fewer columns; the cache
+        grows by the steps taken, minus one)."""
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         batch, lengths = len(counts), cache.host_lengths
@@ -387,7 +388,7 @@ class LlamaCppModel:
                 inside += seconds
             if confidence_threshold > 0:
                 drafted[:, i], confidence = found[:, 0], found[:, 1]
-                if (confidence < confidence_threshold).all():
+                if ((confidence if live is None else confidence[live]) < confidence_threshold).all():
                     steps = i + 1
                     break
             else:
@@ -395,6 +396,13 @@ class LlamaCppModel:
         self.forward_compute_s += inside
         cache.set_lengths((ends + steps - 1).tolist())
         return torch.from_numpy(drafted[:, :steps])
+
+    def compiled_step(self, cache: LlamaCppCache, drafter, params, prompts: list[list[int]], k_max: int, generator):
+        """The engine's whole iteration with a llama.cpp draft as one compiled call
+        (`llamacpp_step.CompiledStep`), or None where it does not apply or cannot be built."""
+        from .llamacpp_step import CompiledStep
+
+        return CompiledStep.maybe(self, cache, drafter, params, prompts, k_max, generator)
 
     def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
         """Write ragged prompts [B][len_b] into an empty cache (no padding: llama.cpp batches are ragged)."""

@@ -1,0 +1,129 @@
+"""The compiled greedy iteration on llama.cpp (`verispec.models.llamacpp_step`, csrc/llama_step.c).
+
+The engine's Python path (`greedy_continuation`, `forward_argmax`, `verify_greedy`, both
+rollbacks) is the reference: with the built-in pair on llama.cpp the compiled step must commit
+the same tokens and record the same acceptance, position by position, at every draft length,
+with a confidence stop, with k = 0 steps between drafting ones (pending tokens pile up), with a
+prompt longer than one llama.cpp batch, and with rows that stop at different steps. Where it
+cannot be built (no compiler) or is switched off, the Python path runs and says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.config import SamplingParams
+from verispec.drafters.model import ModelDrafter
+from verispec.engine import generate_all
+from verispec.models import llamacpp_step
+from verispec.models.gguf_convert import cached_gguf
+from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel
+from verispec.pair import DRAFT_DIR, TARGET_DIR
+from verispec.stats import SpecStats
+
+PROMPTS = ["def quicksort(arr):\n", "class Stack:\n    def __init__(self):", "import os\n\ndef walk(path):"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = LlamaCppModel(cached_gguf(TARGET_DIR, "f32")), LlamaCppModel(cached_gguf(DRAFT_DIR, "f32"))
+    return target, draft, [GGUFTokenizer(target).encode(text).ids for text in PROMPTS]
+
+
+class Cycle:
+    """A draft-length policy that cycles through fixed lengths (0 included): not FixedLength, so
+    the draft's prefill is deferred to its first proposal, as with --k auto."""
+
+    def __init__(self, lengths: tuple[int, ...]):
+        self.lengths, self.k_max, self.calls = lengths, max(lengths), 0
+
+    def choose(self) -> int:
+        self.calls += 1
+        return self.lengths[(self.calls - 1) % len(self.lengths)]
+
+    def observe(self, k, beta_sums, verified, draft_s, target_s) -> None:
+        pass
+
+
+def _run(target, draft, prompts, params, k, threshold=0.0, python=False):
+    """(tokens per row, stats) of speculative decoding; python=True: the engine's Python path."""
+    stats = SpecStats()
+    if python:
+        target.compiled_step = lambda *args: None  # the instance offers no compiled iteration
+    try:
+        tokens = generate_all(target, prompts, params, ModelDrafter(draft, threshold), k, stats)
+    finally:
+        vars(target).pop("compiled_step", None)
+    return tokens, stats
+
+
+def _acceptance(stats: SpecStats) -> list:
+    return [(r.target_passes, r.proposed, r.accepted, r.verified_by_position, r.accepted_by_position, r.beta_sum_by_position)
+            for r in stats.requests]
+
+
+def test_the_compiled_step_is_built_and_used_here():
+    assert llamacpp_step.step_status().startswith("compiled step loaded")  # CI has a compiler and llama.h
+
+
+@pytest.mark.parametrize("rows, k, threshold", [(1, 1, 0.0), (1, 4, 0.0), (1, 6, 0.0), (1, 4, 0.5), (3, 3, 0.0), (3, 4, 0.5)])
+def test_the_compiled_step_commits_what_the_python_path_commits(pair, rows, k, threshold):
+    target, draft, prompts = pair
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    compiled, compiled_stats = _run(target, draft, prompts[:rows], params, k, threshold)
+    python, python_stats = _run(target, draft, prompts[:rows], params, k, threshold, python=True)
+    assert compiled == python
+    assert _acceptance(compiled_stats) == _acceptance(python_stats)
+    assert compiled_stats.proposed > 0 and 0 < compiled_stats.accepted < compiled_stats.proposed  # a real test: both outcomes occur
+
+
+def test_k_0_steps_and_a_prompt_longer_than_one_llama_cpp_batch(pair):
+    target, draft, prompts = pair
+    long_prompt = (prompts[0] + prompts[1] + prompts[2]) * 40  # > 512 tokens, all pending at the draft's first proposal
+    assert len(long_prompt) > 512
+    params = SamplingParams(temperature=0, max_new_tokens=30)
+    for policy in ((0, 0, 3, 1), (2, 0, 0, 0, 4)):
+        compiled, compiled_stats = _run(target, draft, [long_prompt, prompts[1]], params, Cycle(policy))
+        python, python_stats = _run(target, draft, [long_prompt, prompts[1]], params, Cycle(policy), python=True)
+        assert compiled == python and _acceptance(compiled_stats) == _acceptance(python_stats)
+
+
+def test_rows_that_stop_at_different_steps_give_each_row_its_own_greedy_tokens(pair):
+    target, draft, prompts = pair
+    newline = GGUFTokenizer(target).encode("\n").ids[0]
+    params = SamplingParams(temperature=0, max_new_tokens=40, stop_token_ids=(newline,))
+    alone = [generate_all(target, [prompt], params)[0] for prompt in prompts]
+    assert len({len(tokens) for tokens in alone}) > 1  # the rows do stop at different steps
+    assert _run(target, draft, prompts, params, 4)[0] == alone
+    # with a confidence stop, rows that are done no longer count on either path
+    compiled, compiled_stats = _run(target, draft, prompts, params, 4, threshold=0.5)
+    python, python_stats = _run(target, draft, prompts, params, 4, threshold=0.5, python=True)
+    assert compiled == python and _acceptance(compiled_stats) == _acceptance(python_stats)
+
+
+def _fresh_load(monkeypatch, tmp_path):
+    monkeypatch.setattr(llamacpp_step, "_status", "not loaded")
+    monkeypatch.setattr(llamacpp_step, "_function", None)
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+
+
+def test_the_step_compiles_into_the_cache_directory(monkeypatch, tmp_path, pair):
+    _fresh_load(monkeypatch, tmp_path)
+    assert llamacpp_step.step_status().startswith("compiled step loaded")
+    assert list(tmp_path.glob("kernels/llama_step-*/llama_step.so"))
+
+
+@pytest.mark.parametrize("setting", ["no compiler", "switched off"])
+def test_without_the_compiled_step_the_python_path_runs_and_says_why(monkeypatch, tmp_path, capsys, pair, setting):
+    target, draft, prompts = pair
+    _fresh_load(monkeypatch, tmp_path)
+    if setting == "no compiler":
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        monkeypatch.setenv("PATH", str(tmp_path))
+    else:
+        monkeypatch.setenv("VERISPEC_LLAMA_STEP", "0")
+    params = SamplingParams(temperature=0, max_new_tokens=20)
+    assert target.compiled_step(None, ModelDrafter(draft), params, prompts[:1], 4, None) is None
+    status = llamacpp_step.step_status()
+    assert ("no C compiler" in status and "using the Python path" in capsys.readouterr().err) if setting == "no compiler" else "disabled" in status
+    assert _run(target, draft, prompts[:1], params, 4)[0] == generate_all(target, prompts[:1], params)
