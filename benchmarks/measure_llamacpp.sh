@@ -24,8 +24,9 @@ run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gg
     --llama-cpp-bin "$bin" --json "$out/peer_f32_t0.json"
 run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gguf" "${common[@]}" --k 2,3,4,5,6,auto \
     --temperature 1 --llama-cpp-bin "$bin" --json "$out/peer_f32_t1.json"
-# 1b. the same with a confidence stop on both sides (verispec --confidence-threshold, llama.cpp --spec-draft-p-min)
-run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gguf" "${common[@]}" --k 4,6,8 \
+# 1b. every draft length without and with a confidence stop, on both sides (verispec --confidence-threshold, llama.cpp
+#     --spec-draft-p-min), in one run: each side's best over both
+run bench --peer llamacpp --target "$g/target-f32.gguf" --draft "$g/draft-f32.gguf" "${common[@]}" --k 4,5,6,8 \
     --confidence-threshold 0.3 --llama-cpp-bin "$bin" --json "$out/peer_f32_t0_confidence.json"
 # 3. q8_0 target: the draft in f32 and in q8_0 (c of each from the profiler), against llama.cpp plain q8_0
 run profile --target "$g/target-q8_0.gguf" --draft "$g/draft-f32.gguf"

@@ -125,6 +125,9 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     assert set(runs) == {"llama.cpp plain (llama-cpp-python)", "verispec plain", "verispec k=2", "verispec k=auto"}
     assert all(r["identical_to_llamacpp_plain"] for r in runs.values())
     assert runs["verispec k=2"]["alpha_hat"] is not None and runs["verispec k=2"]["own_ms_per_pass"] > 0
+    assert main(common + ["--draft", str(draft_dir), "--k", "2", "--confidence-threshold", "0.5", "--json", str(tmp_path / "confident.json")]) == 0
+    runs = {r["system"]: r for r in json.loads((tmp_path / "confident.json").read_text())["runs"]}
+    assert {"verispec k=2", "verispec k=2, confidence 0.5"} <= set(runs)  # each draft length with and without the stop
     assert main(common + ["--draft", "ngram", "--k", "2"]) == 0
     assert "llama.cpp prompt lookup k=2 (llama-cpp-python)" in capsys.readouterr().out
     assert main(common + ["--draft", str(draft_dir), "--llama-cpp-bin", str(tmp_path)]) == 2

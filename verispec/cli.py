@@ -148,12 +148,18 @@ def _parser() -> argparse.ArgumentParser:
     _add_confidence_argument(gen)
     _add_backend_arguments(gen)
 
-    train = commands.add_parser("train", help="prepare the corpus, pretrain the target, or distil the draft")
-    train.add_argument("what", choices=["data", "target", "draft", "export"], help="export: write OUT/model from OUT/checkpoint.pt (a run so far)")
+    train = commands.add_parser("train", help="prepare the corpus, pretrain the target, cache its distributions, or distil the draft")
+    train.add_argument("what", choices=["data", "target", "teacher", "draft", "export"],
+                       help="teacher: cache the --teacher's top-k next-token distributions over the training split (resumable); "
+                            "export: write OUT/model from OUT/checkpoint.pt (a run so far)")
     train.add_argument("--data", default="runs/data", help="data directory (tokenizer.json, train.bin, heldout.bin)")
     train.add_argument("--out", help="output directory (checkpoint.pt, then model/); default runs/WHAT")
     train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
-    train.add_argument("--teacher", help="with 'draft': the target model directory to distil from")
+    train.add_argument("--teacher", help="with 'draft': the target model directory to distil from (and measure acceptance against); "
+                                          "with 'teacher': the target whose distributions are cached (default: the built-in target)")
+    train.add_argument("--teacher-cache", help="with 'draft': distil from this cache of 'verispec train teacher' (no target pass per step)")
+    train.add_argument("--top-k", type=_positive, default=32, help="with 'teacher': the most likely tokens kept per position, the rest pooled (default 32)")
+    train.add_argument("--chunk-windows", type=_positive, default=64, help="with 'teacher': windows per chunk file, the unit of resumption (default 64)")
     train.add_argument("--vocab-size", type=int, default=8192, help="with 'data': BPE vocabulary size")
     train.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
     train.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
@@ -674,8 +680,8 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     print(f"target {result['target_description']}, draft {result['draft_description']}; T={temperature}, batch 1, {args.max_new_tokens} new tokens "
           f"per prompt, {result['threads']} threads, decode-only tokens/s, median of {args.repeats} rounds; own ms/pass: verispec's time "
           "outside llama.cpp per target pass (share of the target pass)"
-          + (f"; confidence threshold {args.confidence_threshold} (llama.cpp's program: --spec-draft-p-min {args.confidence_threshold})"
-             if args.confidence_threshold else "") + f"; {result['compiled_step']}")
+          + (f"; rows marked 'confidence {args.confidence_threshold:g}' stop drafting below that probability (llama.cpp's program: "
+             f"--spec-draft-p-min {args.confidence_threshold:g})" if args.confidence_threshold else "") + f"; {result['compiled_step']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
@@ -745,6 +751,15 @@ def _train(args: argparse.Namespace) -> int:
     if args.what == "data":
         print(f"wrote {train.prepare_data(args.out or args.data, args.vocab_size)}")
         return 0
+    if args.what == "teacher":
+        from .pair import TARGET_DIR
+        from .teacher import build_teacher_cache
+
+        out, missing = build_teacher_cache(args.teacher or TARGET_DIR, args.data, args.out or "runs/teacher", seq_len=args.seq_len,
+                                           top_k=args.top_k, chunk_windows=args.chunk_windows, batch_size=args.batch_size,
+                                           dtype=args.dtype, max_seconds=args.max_seconds, progress=sys.stderr.isatty())
+        print(f"wrote {out}" + (f": {missing} chunks still missing (run it again to go on)" if missing else ": complete"))
+        return 0
     if args.what == "draft" and args.teacher is None:
         return _fail("train draft needs --teacher DIR (the target to distil from)")
     if args.what == "export" and args.preset is None:
@@ -762,6 +777,7 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
         max_seconds=args.max_seconds,
         teacher=args.teacher if args.what == "draft" else None,
+        teacher_cache=args.teacher_cache if args.what == "draft" else None,
     )
     result = train.train(train.PRESETS[preset], cfg, progress=sys.stderr.isatty())
     print(f"wrote {result / 'model'}")

@@ -108,9 +108,10 @@ def run_llamacpp_peer_bench(
     """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
     speculative decoding at its best k, acceptance, verispec's own share, and identity.
     Prompts are texts, encoded with the target GGUF's own vocabulary. `draft_path=None`
-    compares prompt lookup (verispec's and llama-cpp-python's) instead. A confidence_threshold
-    applies to both model drafts: verispec's (`ModelDrafter`) and llama.cpp's program
-    (`--spec-draft-p-min`), so that both stop drafting under the same rule."""
+    compares prompt lookup (verispec's and llama-cpp-python's) instead. With a
+    confidence_threshold every draft length of both model drafts runs twice, without it and
+    with it (verispec's `ModelDrafter` and llama.cpp's program, `--spec-draft-p-min`: both
+    stop drafting under the same rule), so that each side's best is taken over both."""
     numeric = [k for k in ks if k != "auto"]
     if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
         raise ValueError(f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, {max_new_tokens}, {list(ks)}")
@@ -128,9 +129,9 @@ def run_llamacpp_peer_bench(
     if "auto" in ks:
         profile = profile_costs(target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2))
 
-    def verispec(k: int | str) -> Callable[[int], dict]:
+    def verispec(k: int | str, threshold: float = 0.0) -> Callable[[int], dict]:
         def run(i: int) -> dict:
-            drafter = None if k == 0 else ModelDrafter(draft, confidence_threshold) if draft is not None else PromptLookupDrafter()
+            drafter = None if k == 0 else ModelDrafter(draft, threshold) if draft is not None else PromptLookupDrafter()
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, ModelDrafter) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
@@ -143,9 +144,12 @@ def run_llamacpp_peer_bench(
     plain = _llama_cpp_python(target_path, n_ctx, threads)
     systems: dict[str, Callable[[int], dict]] = {PLAIN: lambda i: _run_llama_cpp_python(plain, prompts[i], max_new_tokens, temperature, seed),
                                                  "verispec plain": verispec(0)}
+    # with a confidence threshold, every draft length runs both without it and with it, on both sides
+    thresholds = [0.0] + ([confidence_threshold] if confidence_threshold > 0 and draft is not None else [])
     name = "verispec k={}" if draft is not None else "verispec prompt lookup k={}"
-    for k in ks:
-        systems[name.format(k)] = verispec(k)
+    for threshold in thresholds:
+        for k in ks:
+            systems[name.format(k) + (f", confidence {threshold:g}" if threshold else "")] = verispec(k, threshold)
     if draft is None:
         for k in numeric:
             lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)
@@ -155,10 +159,11 @@ def run_llamacpp_peer_bench(
         program = Path(speculative_bin) / SPECULATIVE_PROGRAM
         if not program.is_file():
             raise ValueError(f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there (benchmarks/build_llama_speculative.sh builds it)")
-        for k in numeric:
-            systems[f"llama.cpp speculative k={k} ({SPECULATIVE_PROGRAM})"] = (
-                lambda i, k=k: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens, k, temperature,
-                                                        seed, threads, n_ctx + 64, confidence_threshold))
+        for threshold in thresholds:
+            for k in numeric:
+                systems[f"llama.cpp speculative k={k}{f', p-min {threshold:g}' if threshold else ''} ({SPECULATIVE_PROGRAM})"] = (
+                    lambda i, k=k, threshold=threshold: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens,
+                                                                                 k, temperature, seed, threads, n_ctx + 64, threshold))
     rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
     for _ in range(repeats):  # every system on one prompt, then the next: drift over a round lands on all of them alike
         results: dict[str, list[dict]] = {name: [] for name in systems}

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .models.checkpoint import load_pretrained, save_pretrained
 from .models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from .models.presets import PRESETS  # noqa: F401  (the architectures train() is given)
+from .teacher import distill_loss
 
 EOS = "<|endoftext|>"
 HELD_OUT_PERCENT = 5
@@ -141,6 +142,7 @@ class TrainConfig:
     dtype: str = "float32"  # autocast dtype: bfloat16 on CUDA or a CPU with fast bf16 (AMX); float32 on AVX2-only CPUs
     checkpoint_every: int = 100
     teacher: str | None = None  # a target directory: distil the draft from it (KL), else plain next-token CE
+    teacher_cache: str | None = None  # a cache of `verispec train teacher`: distil from it (no target pass per step)
     distill_temperature: float = 1.0
     eval_every: int = 0  # > 0: held-out loss every this many steps; the exported model is the best one seen
     max_seconds: float = 0.0  # > 0: fit the schedule (steps) to this wall time after 60 steps; stop there at the latest
@@ -192,12 +194,20 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = init_weights(LlamaForCausalLM(model_config), seed=cfg.seed).to(device)
     teacher = load_pretrained(cfg.teacher, device=device).eval() if cfg.teacher else None
+    cache = None
+    if cfg.teacher_cache:
+        from .teacher import TeacherCache
+
+        cache = TeacherCache(cfg.teacher_cache, cfg.data)
+    reference = held_out_reference(teacher, cfg.data) if teacher is not None and cfg.eval_every else None
+    if cache is not None:
+        teacher = None  # its passes are in the cache; it served the held-out reference only
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95)
     )
-    step, log, best = 0, [], {"step": None, "heldout_loss": math.inf}
+    step, log, best = 0, [], {"step": None, "heldout_loss": math.inf, "heldout_beta": -math.inf}
     checkpoint, best_path = out / "checkpoint.pt", out / "best.pt"
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
@@ -226,7 +236,11 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         with autocast:
-            loss = loss_on(model, batch_at(tokens, step, cfg).to(device), teacher, cfg.distill_temperature)
+            if cache is not None:
+                inputs, ids, logp, rest = (t.to(device) for t in cache.batch(step, cfg.batch_size, cfg.seed, cfg.seq_len))
+                loss = distill_loss(model(inputs), ids, logp, rest)
+            else:
+                loss = loss_on(model, batch_at(tokens, step, cfg).to(device), teacher, cfg.distill_temperature)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -242,16 +256,22 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
             model.eval()
             with autocast:
                 heldout = held_out_loss(model, cfg.data)
+                beta = held_out_acceptance(model, reference) if reference is not None else None
             model.train()
             log[-1]["heldout_loss"] = heldout
-            print(f"step {step} loss {loss.item():.4f} heldout {heldout:.4f} tok/s {tokens_per_step / elapsed:.0f}", flush=True)
-            if heldout < best["heldout_loss"]:
-                best = {"step": step, "heldout_loss": heldout}
+            line = f"step {step} loss {loss.item():.4f} heldout {heldout:.4f}"
+            if beta is not None:  # a draft with its target: the best is the one its target accepts most
+                log[-1].update(beta_greedy=beta[0], beta_t1=beta[1])
+                line += f" beta T=0 {beta[0]:.4f} T=1 {beta[1]:.4f}"
+            print(f"{line} tok/s {tokens_per_step / elapsed:.0f}", flush=True)
+            better = (beta[0] + beta[1]) / 2 > best.get("heldout_beta", -math.inf) if beta is not None else heldout < best["heldout_loss"]
+            if better:
+                best = {"step": step, "heldout_loss": heldout, **({"heldout_beta": (beta[0] + beta[1]) / 2} if beta is not None else {})}
                 _atomic_save({"model": model.state_dict(), **best}, best_path)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_checkpoint()
     bar.close()
-    if best["step"] is not None:  # early stopping: export the weights with the lowest held-out loss
+    if best["step"] is not None:  # early stopping: export the held-out best (acceptance with a teacher, else loss)
         model.load_state_dict(torch.load(best_path, weights_only=False, map_location=device)["model"])
     model.eval().cpu()
     save_pretrained(model, out / "model", max_shard_bytes=50_000_000, tokenizer_from=cfg.data)
@@ -303,3 +323,30 @@ def held_out_loss(model: LlamaForCausalLM, data: str | Path, seq_len: int = 256,
         logits = model(batch[:, :-1])
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
     return total / (windows * seq_len)
+
+
+@torch.no_grad()
+def held_out_reference(target: LlamaForCausalLM, data: str | Path, seq_len: int = 256, windows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's distributions on held-out windows, computed once for `held_out_acceptance`:
+    (inputs [W, seq_len], p [W, seq_len, V] float16 at temperature 1)."""
+    tokens = load_tokens(data, "heldout")
+    windows = min(windows, (len(tokens) - 1) // seq_len)
+    inputs = torch.stack([tokens[w * seq_len : w * seq_len + seq_len] for w in range(windows)])
+    device = next(target.parameters()).device
+    probs = torch.cat([torch.softmax(target(inputs[i : i + 4].to(device)).float(), dim=-1).half().cpu() for i in range(0, windows, 4)])
+    return inputs, probs
+
+
+@torch.no_grad()
+def held_out_acceptance(draft: LlamaForCausalLM, reference: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
+    """beta = sum min(p, q) averaged over held-out positions, the target's p against the draft's q,
+    teacher-forced on the held-out text: (at T = 0, where it is 1 when the argmaxes agree; at T = 1)."""
+    inputs, probs = reference
+    device = next(draft.parameters()).device
+    greedy = sampled = 0.0
+    for i in range(0, len(inputs), 4):
+        q = torch.softmax(draft(inputs[i : i + 4].to(device)).float(), dim=-1)  # [b, T, V]
+        p = probs[i : i + 4].to(device).float()
+        greedy += (q.argmax(-1) == p.argmax(-1)).float().sum().item()
+        sampled += torch.minimum(p, q).sum(-1).sum().item()
+    return greedy / inputs.numel(), sampled / inputs.numel()
