@@ -81,16 +81,20 @@ def made():
     return {}  # draft models built once per module
 
 
-@pytest.fixture(scope="module")
-def exact(target):
-    """Exact joint probabilities [V**3] of the next 3 tokens after PROMPT, by enumeration."""
-    params = SamplingParams(**SETTING)
+def _exact_joint(model, params: SamplingParams) -> np.ndarray:
+    """The exact joint distribution of TOKENS tokens after PROMPT under model's own logits (by enumeration)."""
     probs = np.zeros((VOCAB,) * TOKENS)
     with torch.no_grad():
         for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
-            p = process_logits(target(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
+            p = process_logits(model(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
             probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
     return probs.ravel()
+
+
+@pytest.fixture(scope="module")
+def exact(target):
+    """Exact joint probabilities [V**3] of the next 3 tokens after PROMPT, by enumeration."""
+    return _exact_joint(target, SamplingParams(**SETTING))
 
 
 def joint_counts(target, drafter, params: SamplingParams, n: int = N, k: int = 3):
@@ -165,13 +169,8 @@ def gguf(tmp_path_factory, target):
 
 @pytest.fixture(scope="module")
 def exact_llamacpp(gguf):
-    """The exact joint distribution under the llama.cpp target's own logits (by enumeration)."""
-    params = SamplingParams(**SETTING)
-    probs = np.zeros((VOCAB,) * TOKENS)
-    for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
-        p = process_logits(gguf["target"](torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
-        probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
-    return probs.ravel()
+    """The exact joint distribution under the llama.cpp target's own logits."""
+    return _exact_joint(gguf["target"], SamplingParams(**SETTING))
 
 
 def _chunked_counts(target, make_drafter, seed: int, n: int = N):
@@ -223,12 +222,7 @@ TEMPERATURE_ONLY = dict(temperature=0.8)
 
 @pytest.fixture(scope="module")
 def exact_llamacpp_temperature_only(gguf):
-    params = SamplingParams(**TEMPERATURE_ONLY)
-    probs = np.zeros((VOCAB,) * TOKENS)
-    for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
-        p = process_logits(gguf["target"](torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
-        probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
-    return probs.ravel()
+    return _exact_joint(gguf["target"], SamplingParams(**TEMPERATURE_ONLY))
 
 
 COMPILED_CHUNK = 128  # rows per call: the compiled step takes B * (k + 1) <= 512 positions in one llama.cpp batch

@@ -11,35 +11,28 @@
 
 import json
 import shutil
-import sysconfig
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from train_helpers import held_out_beta, small_config, small_data, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
 from verispec.teacher import TeacherCache, build_teacher_cache, distill_loss
-from verispec.train import PRESETS, TrainConfig, corpus_files, load_tokens, prepare_data, train
+from verispec.train import PRESETS, load_tokens, train
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SEQ = 32
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A small corpus (40 stdlib files) tokenised with a 300-token BPE."""
-    root = tmp_path_factory.mktemp("corpus")
-    for path in corpus_files()[:40]:
-        target = root / path.relative_to(STDLIB)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target)
-    return prepare_data(tmp_path_factory.mktemp("data"), vocab_size=300, root=root)
+    return small_data(tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("data"), files=40, vocab_size=300)
 
 
 def _cfg(data, out, steps, **kw):
-    return TrainConfig(out=str(out), data=str(data), steps=steps, batch_size=4, seq_len=SEQ, lr=3e-3, warmup=5, checkpoint_every=5, **kw)
+    return small_config(data, out, steps, seq_len=SEQ, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +89,11 @@ def test_distill_loss_is_the_kl_of_the_coarsened_distributions():
 
 def test_distilling_from_the_cache_raises_acceptance_and_exports_the_best_beta(teacher, data, tmp_path):
     cache, _ = _build(teacher, data, tmp_path / "cache")
-    draft_config = PRESETS["tiny"].replace(hidden_size=16, num_attention_heads=1, num_key_value_heads=1, head_dim=16)
+    draft_config = tiny_draft_config()
     before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher_cache=str(cache)), progress=False) / "model")
     out = train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher), teacher_cache=str(cache), eval_every=20), progress=False)
     after = load_pretrained(out / "model")
-    target = load_pretrained(teacher)
-    ids = load_tokens(data, "heldout")[:257].view(1, -1)
-    with torch.no_grad():
-        p = torch.softmax(target(ids), -1)
-        beta = [torch.minimum(p, torch.softmax(m(ids), -1)).sum(-1).mean().item() for m in (before, after)]
+    beta = held_out_beta(teacher, (before, after), data)
     assert beta[1] > beta[0] + 0.1
     log = json.loads((out / "train_log.json").read_text())
     evaluated = [e for e in log["log"] if "beta_t1" in e]

@@ -1,15 +1,22 @@
 """Training: the corpus split, the tokenizer, and seeded, resumable training and distillation."""
 
-import shutil
 import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import held_out_beta, small_config, small_data, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
 from verispec.train import (
-    PRESETS, TrainConfig, corpus_files, held_out_loss, is_held_out, load_tokens, prepare_data, split_corpus, train,
+    PRESETS,
+    TrainConfig,
+    corpus_files,
+    held_out_loss,
+    is_held_out,
+    load_tokens,
+    split_corpus,
+    train,
 )
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -27,12 +34,7 @@ def test_split_is_deterministic_disjoint_and_about_five_percent():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A small corpus (60 stdlib files) tokenised with a 400-token BPE."""
-    root = tmp_path_factory.mktemp("corpus")
-    for path in corpus_files()[:60]:
-        target = root / path.relative_to(STDLIB)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target)
-    return prepare_data(tmp_path_factory.mktemp("data"), vocab_size=400, root=root)
+    return small_data(tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("data"))
 
 
 def test_tokenizer_round_trips_code_and_marks_documents(data):
@@ -46,8 +48,7 @@ def test_tokenizer_round_trips_code_and_marks_documents(data):
     assert int((train_tokens == 0).sum()) + int((held_tokens == 0).sum()) == 60  # one <|endoftext|> per file
 
 
-def _cfg(data, out, steps, **kw):
-    return TrainConfig(out=str(out), data=str(data), steps=steps, batch_size=4, seq_len=32, lr=3e-3, warmup=5, checkpoint_every=5, **kw)
+_cfg = small_config
 
 
 def test_training_lowers_held_out_loss_and_saves_a_loadable_model(data, tmp_path):
@@ -96,14 +97,10 @@ def test_export_writes_the_checkpoint_weights_so_far(data, tmp_path, capsys):
 
 def test_distillation_brings_the_draft_towards_the_teacher(data, tmp_path):
     teacher = train(PRESETS["tiny"], _cfg(data, tmp_path / "teacher", 60), progress=False) / "model"
-    draft_config = PRESETS["tiny"].replace(hidden_size=16, num_attention_heads=1, num_key_value_heads=1, head_dim=16)
+    draft_config = tiny_draft_config()
     before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher=str(teacher)), progress=False) / "model")
     after = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher)), progress=False) / "model")
-    target = load_pretrained(teacher)
-    ids = load_tokens(data, "heldout")[:257].view(1, -1)
-    with torch.no_grad():
-        p = torch.softmax(target(ids), -1)
-        beta = [torch.minimum(p, torch.softmax(m(ids), -1)).sum(-1).mean().item() for m in (before, after)]
+    beta = held_out_beta(teacher, (before, after), data)
     assert beta[1] > beta[0] + 0.1
 
 
@@ -144,3 +141,14 @@ def test_max_seconds_stops_early_and_still_exports(data, tmp_path):
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == log["steps_run"]
     with pytest.raises(ValueError, match="max_seconds"):
         TrainConfig(out=str(tmp_path), data=str(data), max_seconds=-1)
+
+
+def test_stop_after_keeps_the_schedule_and_a_second_run_finishes_it(data, tmp_path):
+    import json
+
+    stopped = train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 20, stop_after=1e-9), progress=False)
+    log = json.loads((stopped / "train_log.json").read_text())
+    assert log["stopped_before_the_end"] and log["steps_run"] < 20 and log["train_config"]["steps"] == 20
+    finished = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 20), progress=False) / "model").state_dict()
+    whole = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "b", 20), progress=False) / "model").state_dict()
+    assert all(torch.equal(finished[name], whole[name]) for name in whole)

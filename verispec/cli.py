@@ -169,7 +169,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
     train.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
     train.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps; export the best (0 = off: export the last)")
-    train.add_argument("--max-seconds", type=float, default=0.0, help="fit the schedule to this many seconds after 60 steps, and stop there at the latest (0 = no limit)")
+    train.add_argument("--max-seconds", type=float, default=0.0, help="fit the schedule to this many seconds after 60 steps, and stop there at the latest (0 = no limit); "
+                                                                     "with 'teacher': stop after the chunk that crosses it")
+    train.add_argument("--stop-after", type=float, default=0.0, help="checkpoint and stop after this many seconds, the schedule unchanged: "
+                                                                     "run the same command again to go on (0 = no limit)")
 
     bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run")
     bench.add_argument("--target", help="target model directory or GGUF file (default: the built-in pair's target)")
@@ -775,7 +778,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = train.TrainConfig(
         out=out, data=args.data, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         seed=args.seed, dtype=args.dtype, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
-        max_seconds=args.max_seconds,
+        max_seconds=args.max_seconds, stop_after=args.stop_after,
         teacher=args.teacher if args.what == "draft" else None,
         teacher_cache=args.teacher_cache if args.what == "draft" else None,
     )

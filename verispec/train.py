@@ -146,12 +146,13 @@ class TrainConfig:
     distill_temperature: float = 1.0
     eval_every: int = 0  # > 0: held-out loss every this many steps; the exported model is the best one seen
     max_seconds: float = 0.0  # > 0: fit the schedule (steps) to this wall time after 60 steps; stop there at the latest
+    stop_after: float = 0.0  # > 0: checkpoint and stop after this wall time, the schedule unchanged (resume to go on)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "max_seconds"):
+        for name in ("eval_every", "max_seconds", "stop_after"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16"):
@@ -219,7 +220,7 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, dynamic_ncols=True)
     model.train()
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    run_started, first_step = time.perf_counter(), step
+    run_started, first_step, stopped = time.perf_counter(), step, False
 
     def save_checkpoint() -> None:
         _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
@@ -231,6 +232,11 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         if cfg.max_seconds and time.perf_counter() - run_started > cfg.max_seconds:
             print(f"stopping at step {step}: --max-seconds {cfg.max_seconds:g} reached", flush=True)
             save_checkpoint()
+            break
+        if cfg.stop_after and time.perf_counter() - run_started > cfg.stop_after:
+            print(f"stopping at step {step} of {cfg.steps}: --stop-after {cfg.stop_after:g} reached; run it again to go on", flush=True)
+            save_checkpoint()
+            stopped = True
             break
         started = time.perf_counter()
         for group in optimizer.param_groups:
@@ -275,7 +281,7 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         model.load_state_dict(torch.load(best_path, weights_only=False, map_location=device)["model"])
     model.eval().cpu()
     save_pretrained(model, out / "model", max_shard_bytes=50_000_000, tokenizer_from=cfg.data)
-    (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "steps_run": step, "best": best, "log": log}) + "\n")
+    (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "steps_run": step, "stopped_before_the_end": stopped, "best": best, "log": log}) + "\n")
     return out
 
 
