@@ -228,7 +228,7 @@ def exact_llamacpp_temperature_only(gguf):
 COMPILED_CHUNK = 128  # rows per call: the compiled step takes B * (k + 1) <= 512 positions in one llama.cpp batch
 
 
-def _compiled_counts(gguf, threshold: float, temperature: float, seed: int, n: int, monkeypatch):
+def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: int, n: int, monkeypatch):
     """Joint counts through the compiled step, which must be the one running every chunk."""
     from verispec.models.llamacpp_step import CompiledStep
 
@@ -237,7 +237,8 @@ def _compiled_counts(gguf, threshold: float, temperature: float, seed: int, n: i
     counts, stats = np.zeros(VOCAB**TOKENS, dtype=np.int64), SpecStats()
     for chunk, start in enumerate(range(0, n, COMPILED_CHUNK)):
         params = SamplingParams(temperature=temperature, seed=seed * 1000 + chunk, max_new_tokens=TOKENS)
-        part, part_stats = joint_counts(gguf["target"], ModelDrafter(gguf["draft"], threshold), params, n=min(COMPILED_CHUNK, n - start))
+        drafter = None if threshold is None else ModelDrafter(gguf["draft"], threshold)  # None: plain decoding
+        part, part_stats = joint_counts(gguf["target"], drafter, params, n=min(COMPILED_CHUNK, n - start))
         counts += part
         for request in part_stats.requests:
             stats.add(request)
@@ -245,11 +246,11 @@ def _compiled_counts(gguf, threshold: float, temperature: float, seed: int, n: i
     return counts, stats
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.9])
+@pytest.mark.parametrize("threshold", [0.0, 0.9, None])  # None: no drafter, plain sampling through the compiled step
 def test_joint_distribution_is_exact_through_the_compiled_step(gguf, exact_llamacpp_temperature_only, threshold, monkeypatch):
-    counts, stats = _compiled_counts(gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * threshold), N, monkeypatch)
+    counts, stats = _compiled_counts(gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * (threshold or 2)), N, monkeypatch)
     assert_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True, label=f"compiled step {TEMPERATURE_ONLY} k=3 p_min={threshold}")
-    assert 0 < stats.accepted < stats.proposed, stats.summary()
+    assert 0 < stats.accepted < stats.proposed or (threshold is None and stats.proposed == 0), stats.summary()
 
 
 def test_negative_control_the_compiled_step_at_the_wrong_temperature(gguf, exact_llamacpp_temperature_only, monkeypatch):

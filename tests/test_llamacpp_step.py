@@ -51,7 +51,7 @@ def _run(target, draft, prompts, params, k, threshold=0.0, python=False):
     if python:
         target.compiled_step = lambda *args: None  # the instance offers no compiled iteration
     try:
-        tokens = generate_all(target, prompts, params, ModelDrafter(draft, threshold), k, stats)
+        tokens = generate_all(target, prompts, params, ModelDrafter(draft, threshold) if draft is not None else None, k, stats)
     finally:
         vars(target).pop("compiled_step", None)
     return tokens, stats
@@ -75,6 +75,20 @@ def test_the_compiled_step_commits_what_the_python_path_commits(pair, rows, k, t
     assert compiled == python
     assert _acceptance(compiled_stats) == _acceptance(python_stats)
     assert compiled_stats.proposed > 0 and 0 < compiled_stats.accepted < compiled_stats.proposed  # a real test: both outcomes occur
+
+
+def test_plain_decoding_through_the_compiled_step_commits_what_the_python_path_commits(pair):
+    target, draft, prompts = pair
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    steps = []
+    target.compiled_step = lambda *args: steps.append(llamacpp_step.CompiledStep.maybe(target, *args)) or steps[-1]
+    try:
+        compiled = generate_all(target, prompts, params)
+    finally:
+        del target.compiled_step
+    python, _ = _run(target, None, prompts, params, 0, python=True)
+    assert steps and steps[0] is not None and steps[0].draft is None
+    assert compiled == python
 
 
 def test_k_0_steps_and_a_prompt_longer_than_one_llama_cpp_batch(pair):

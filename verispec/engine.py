@@ -144,10 +144,8 @@ def generate(
     pending_ids = [p[-1] for p in prompts]
     pending = torch.tensor(pending_ids, device=device)  # [B]
     active = [True] * batch
-    # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft: one compiled call); None otherwise.
-    compiled = None
-    if drafter is not None and hasattr(target, "compiled_step"):
-        compiled = target.compiled_step(cache, drafter, params, prompts, policy.k_max, generator)
+    # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
+    compiled = target.compiled_step(cache, drafter, params, prompts, policy.k_max, generator) if hasattr(target, "compiled_step") else None
     try:
         while any(active):
             k = min(max(policy.choose(), 0), policy.k_max)

@@ -147,7 +147,8 @@ static int32_t rule(struct llama_context *target, int32_t first, int32_t drafted
 }
 
 /* Returns the number of proposals made (0..k; 0 when k == 0: a plain step), TOO_MANY_TOKENS,
- * or -1000 - llama_decode's status (the caches are then in an unknown state).
+ * or -1000 - llama_decode's status (the caches are then in an unknown state). draft (and
+ * its batch and arrays) may be NULL: plain decoding, k == 0 only.
  *
  * Row b, when active: draft_pending[b * width ..] holds draft_count[b] tokens the draft has
  * not read, which it reads at draft_length[b]..; target_pending[b] is read by the target at
@@ -167,7 +168,8 @@ int32_t verispec_step(
     int32_t *proposals, /* [rows, k] */
     int32_t *output,    /* [rows, k + 1] */
     int32_t *num_accepted, double *seconds) {
-    const int32_t draft_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft)));
+    if (!draft && k > 0) return TOO_MANY_TOKENS; /* no draft: plain steps only */
+    const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
     const int sampled = temperature > 0.0f;
     int32_t drafted = k, live = 0, first = 0, status;
@@ -175,7 +177,7 @@ int32_t verispec_step(
         if (!active[b]) continue;
         live++;
         first += draft_count[b];
-        if (k == 0 && draft_count[b] >= width) return TOO_MANY_TOKENS;
+        if (draft && k == 0 && draft_count[b] >= width) return TOO_MANY_TOKENS;
     }
     if (live * (k + 1) > capacity || (k > 0 && first > capacity)) return TOO_MANY_TOKENS;
 
@@ -222,7 +224,7 @@ int32_t verispec_step(
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
 
     /* The rule, then both caches back to the committed tokens. */
-    llama_memory_t draft_memory = llama_get_memory(draft), target_memory = llama_get_memory(target);
+    llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
     for (int32_t b = 0, row = 0; b < rows; b++) {
         if (!active[b]) continue;
         const int32_t at = row++ * (drafted + 1); /* the row's first position in the target's batch */
@@ -241,6 +243,7 @@ int32_t verispec_step(
         target_length[b] += 1 + n;
         target_pending[b] = token;
         llama_memory_seq_rm(target_memory, b, target_length[b], -1);
+        if (!draft) continue; /* plain decoding: no draft to keep up to date */
         if (drafted == 0) { /* nothing read: the token waits with the others */
             draft_pending[b * width + draft_count[b]++] = token;
             continue;

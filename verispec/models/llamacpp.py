@@ -398,8 +398,9 @@ class LlamaCppModel:
         return torch.from_numpy(drafted[:, :steps])
 
     def compiled_step(self, cache: LlamaCppCache, drafter, params, prompts: list[list[int]], k_max: int, generator):
-        """The engine's whole iteration with a llama.cpp draft as one compiled call
-        (`llamacpp_step.CompiledStep`), or None where it does not apply or cannot be built."""
+        """The engine's whole iteration with a llama.cpp draft (or none: plain decoding) as one
+        compiled call (`llamacpp_step.CompiledStep`), or None where it does not apply or cannot
+        be built."""
         from .llamacpp_step import CompiledStep
 
         return CompiledStep.maybe(self, cache, drafter, params, prompts, k_max, generator)

@@ -105,8 +105,8 @@ class CompiledStep:
     """Both models' state for the compiled step, over the caches of one `generate` call.
 
     `maybe(target, cache, drafter, params, prompts, k_max, generator)` returns one when it
-    applies (a `LlamaCppModel` target, a `ModelDrafter` over a `LlamaCppModel` of the same
-    vocabulary, temperature 0 or a temperature with no top-k, top-p or min-p, the compiled
+    applies (a `LlamaCppModel` target, with a `ModelDrafter` over a `LlamaCppModel` of the same
+    vocabulary or with no drafter (plain decoding), temperature 0 or a temperature with no top-k, top-p or min-p, the compiled
     step loaded, B*(k+1) positions in one llama.cpp batch); `step(k)` runs one iteration for
     the active rows and returns (committed tokens per row, num_accepted per row, beta per row,
     proposals made, seconds drafting). Rows that finish are `retire`d: they take no part in
@@ -117,15 +117,19 @@ class CompiledStep:
     def __init__(self, function, target, cache, drafter, prompts: list[list[int]], params, k_max: int, seed: int):
         lib, batch = llamacpp._llama(), len(prompts)
         self._function, self._lib = function, lib
-        self.target, self.cache, self.draft, self.draft_cache = target, cache, drafter.model, drafter.cache
+        self.target, self.cache = target, cache
+        self.draft, self.draft_cache = (drafter.model, drafter.cache) if drafter is not None else (None, None)
         self.capacity = llamacpp._N_BATCH
         self._batches = [lib.llama_batch_init(self.capacity, 0, 1) for _ in range(2)]
         width = max(len(p) for p in prompts) + params.max_new_tokens + 2  # pending tokens: a whole prompt, then k = 0 steps
-        pending = drafter.pending.numpy()
         self.draft_pending = np.zeros((batch, width), np.int32)
-        self.draft_pending[:, : pending.shape[1]] = pending
-        self.draft_count = np.asarray(drafter.pending_count, np.int32)
-        self.draft_length = np.asarray(self.draft_cache.host_lengths, np.int32)
+        self.draft_count = np.ones(batch, np.int32)
+        self.draft_length = np.zeros(batch, np.int32)
+        if drafter is not None:
+            pending = drafter.pending.numpy()
+            self.draft_pending[:, : pending.shape[1]] = pending
+            self.draft_count[:] = drafter.pending_count
+            self.draft_length[:] = self.draft_cache.host_lengths
         self.target_pending = np.asarray([p[-1] for p in prompts], np.int32)
         self.target_length = np.asarray(cache.host_lengths, np.int32)
         self.active = np.ones(batch, np.uint8)
@@ -139,9 +143,9 @@ class CompiledStep:
         self.draft_probs = np.zeros(batch * k_max * vocab, np.float32)  # q of every proposal (T > 0)
         self.scratch = np.zeros(2 * vocab, np.float32)
         self.beta = np.zeros(batch * max(k_max, 1), np.float64)
-        self._head = (drafter.cache.context.ptr, ctypes.addressof(self._batches[0]), cache.context.ptr,
+        self._head = (self.draft_cache.context.ptr if drafter is not None else None, ctypes.addressof(self._batches[0]), cache.context.ptr,
                       ctypes.addressof(self._batches[1]), self.capacity, batch, _address(self.active))
-        self._settings = (ctypes.c_float(drafter.confidence_threshold), ctypes.c_float(params.temperature if self.sampled else 0.0),
+        self._settings = (ctypes.c_float(getattr(drafter, "confidence_threshold", 0.0)), ctypes.c_float(params.temperature if self.sampled else 0.0),
                           *map(_address, (self.rng, self.draft_probs, self.scratch, self.beta, self.draft_pending)), width)
         self._arrays = tuple(map(_address, (self.draft_count, self.draft_length, self.target_pending, self.target_length,
                                             self.proposals, self.output, self.num_accepted, self.seconds)))
@@ -152,8 +156,9 @@ class CompiledStep:
 
         draft = getattr(drafter, "model", None)
         filtered = (0 < params.top_k < target.vocab_size) or params.top_p < 1.0 or params.min_p > 0.0
-        if not (isinstance(target, llamacpp.LlamaCppModel) and type(drafter) is ModelDrafter and isinstance(draft, llamacpp.LlamaCppModel)
-                and (params.greedy or (not filtered and draft.vocab_size == target.vocab_size))
+        drafts = drafter is None or (type(drafter) is ModelDrafter and isinstance(draft, llamacpp.LlamaCppModel)
+                                     and (params.greedy or draft.vocab_size == target.vocab_size))
+        if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or not filtered)
                 and len(prompts) * (k_max + 1) <= llamacpp._N_BATCH):
             return None
         function = _load()
@@ -168,16 +173,19 @@ class CompiledStep:
         k' (k, or fewer after a confidence stop), seconds drafting)."""
         before = self.seconds.tolist()
         made = self._call(k)
-        if made == _TOO_MANY_TOKENS:  # the draft's pending tokens do not fit in one batch: read them first
+        if made == _TOO_MANY_TOKENS and self.draft is not None:  # the draft's pending tokens do not fit in one batch: read them first
             self._read_pending()
             made = self._call(k)
+        if made == _TOO_MANY_TOKENS:
+            raise RuntimeError(f"a step of {k} proposals does not fit in one llama.cpp batch of {self.capacity} tokens")
         if made < 0:
             raise RuntimeError(f"llama_decode failed (status {-1000 - made}): {' / '.join(llamacpp._log[-2:])}")
         drafted, verified = self.seconds[0] - before[0], self.seconds[1] - before[1]
-        self.draft.forward_compute_s += drafted
         self.target.forward_compute_s += verified
         self.cache.set_lengths(self.target_length.tolist())
-        self.draft_cache.set_lengths(self.draft_length.tolist())
+        if self.draft is not None:
+            self.draft.forward_compute_s += drafted
+            self.draft_cache.set_lengths(self.draft_length.tolist())
         accepted = self.num_accepted.tolist()
         rows = self.output[: len(accepted) * (k + 1)].reshape(-1, k + 1).tolist()  # row b at b * (k + 1), whatever was made
         tokens = [row[: n + 1] if live else [] for row, n, live in zip(rows, accepted, self.active)]
