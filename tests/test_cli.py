@@ -35,6 +35,17 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
     assert plain[:-1] == spec[:-1]
 
 
+def test_a_seed_in_invariant_mode_gives_the_text_of_plain_sampling(pair, capsys):
+    target, draft = pair
+    common = ["generate", "--prompt", "import os", "--target", str(target), "--max-new-tokens", "16", "--ignore-eos",
+              "--temperature", "0.9", "--seed", "7", "--sampling", "invariant", "--draft", str(draft)]
+    texts = []
+    for extra in (["--no-speculation"], ["--k", "4"], ["--k", "auto"], ["--k", "1"]):
+        assert main(common + extra) == 0
+        texts.append(capsys.readouterr().out.splitlines()[:-1])
+    assert all(text == texts[0] for text in texts)
+
+
 def test_prompt_lookup_drafter_from_the_command_line(pair, capsys):
     target, _ = pair
     assert main(["generate", "ab ab ab ab", "--target", str(target), "--draft", "ngram", "--max-new-tokens", "10", "--ignore-eos"]) == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import torch
 
 from stats_helpers import assert_distributed_as, is_distributed_as
 from verispec.config import SamplingParams
+from verispec.control import AdaptiveLength
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter
@@ -266,3 +268,51 @@ def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf
         params = SamplingParams(temperature=1.0, top_k=4, seed=9000 + chunk, max_new_tokens=TOKENS)  # exact is for 0.8
         counts += joint_counts(gguf["target"], ModelDrafter(gguf["draft"]), params, n=min(LLAMACPP_CHUNK, 10_000 - start))[0]
     assert not is_distributed_as(counts, exact_llamacpp, are_counts=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafter-invariant sampling (invariant.py): the joint distribution is exact, and speculative
+# output equals plain output token for token, for every drafter family and draft length
+# ---------------------------------------------------------------------------------------------
+
+INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram"]
+
+
+@pytest.mark.parametrize("name", INVARIANT_DRAFTERS + ["plain"])
+def test_joint_distribution_is_exact_in_invariant_mode(target, made, exact, name):
+    params = SamplingParams(**SETTING, seed=700 + (INVARIANT_DRAFTERS + ["plain"]).index(name), max_new_tokens=TOKENS, sampling="invariant")
+    counts, stats = joint_counts(target, None if name == "plain" else DRAFTERS[name](target, made), params)
+    assert_distributed_as(counts, exact, are_counts=True, label=f"invariant {name} {SETTING} k=3")
+    assert name == "plain" or 0 < stats.accepted < stats.proposed, stats.summary()
+
+
+def test_negative_control_invariant_mode_with_uniform_instead_of_gumbel_noise(target, made, exact, monkeypatch):
+    """argmax(log p + u) with u uniform is not a draw from p: the test must see it."""
+    import verispec.invariant as invariant
+
+    gumbel = invariant.gumbel_noise
+    monkeypatch.setattr(invariant, "gumbel_noise", lambda *args: torch.exp(-torch.exp(-gumbel(*args))))  # u itself
+    params = SamplingParams(**SETTING, seed=790, max_new_tokens=TOKENS, sampling="invariant")
+    counts, _ = joint_counts(target, DRAFTERS["model"](target, made), params, n=10_000)
+    assert not is_distributed_as(counts, exact, are_counts=True)
+
+
+def _invariant_prompts(rows: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (int(torch.randint(1, 7, (1,), generator=generator)),), generator=generator).tolist() for _ in range(rows)]
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=["T=1", "T=0.7,top-p=0.9"])
+def test_invariant_mode_gives_the_tokens_of_plain_decoding(target, made, setting):
+    """1,000 (prompt, seed, row) streams per drafter and draft length: 5 seeds x 200 rows."""
+    for seed in range(5):
+        prompts = _invariant_prompts(200, seed)
+        params = SamplingParams(**setting, seed=seed, max_new_tokens=12, sampling="invariant")
+        plain = generate_all(target, prompts, params)
+        for name in INVARIANT_DRAFTERS:
+            for k in (1, 4, "auto"):
+                policy = AdaptiveLength(k_max=4) if k == "auto" else k
+                assert generate_all(target, prompts, params, DRAFTERS[name](target, made), k=policy) == plain, (seed, name, k)
+        # negative control: rejection sampling with the same seed commits other tokens
+        rejection = generate_all(target, prompts, replace(params, sampling="rejection"), DRAFTERS["model"](target, made), k=4)
+        assert sum(a != b for a, b in zip(rejection, plain)) > 100

@@ -142,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=float, default=0.0, help="0 = off")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
     gen.add_argument("--seed", type=int, default=None, help="random seed of the sampling (default: fresh entropy)")
+    gen.add_argument("--sampling", choices=["rejection", "invariant"], default="rejection",
+                     help="rejection (default): accept a proposal with probability min(1, p/q); invariant: noise keyed by "
+                          "(seed, row, position), so that a seed gives the tokens of plain decoding whatever the draft and k")
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
@@ -375,7 +378,7 @@ def _generate(args: argparse.Namespace) -> int:
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else eos,
+        max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else eos, sampling=args.sampling,
     )
     prompt_ids = [tokenizer.encode(text).ids for text in texts]
     if not all(prompt_ids):

@@ -24,6 +24,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+SAMPLING_MODES = ("rejection", "invariant")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target's next-token distribution is processed and sampled.
@@ -31,7 +34,9 @@ class SamplingParams:
     The processing order is temperature, top-k, top-p, min-p (as in vLLM and `transformers`).
     temperature == 0 means greedy (the processed distribution is one-hot at the argmax).
     top_k == 0, top_p == 1 and min_p == 0 each switch that filter off.
-    A stop token is included in the output and ends its row.
+    A stop token is included in the output and ends its row. `sampling` is how speculation
+    keeps the target's distribution: "rejection" (accept with probability min(1, p/q)), or
+    "invariant" (the tokens of plain decoding with the same seed, whatever the drafter and k).
     """
 
     temperature: float = 1.0
@@ -41,6 +46,7 @@ class SamplingParams:
     seed: int | None = None
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    sampling: str = "rejection"  # or "invariant": position-keyed noise, the tokens of plain decoding (invariant.py)
 
     def __post_init__(self) -> None:
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
@@ -55,6 +61,7 @@ class SamplingParams:
             "stop_token_ids", stop, "a sequence of integers >= 0",
         )
         object.__setattr__(self, "stop_token_ids", tuple(stop))
+        _check(self.sampling in SAMPLING_MODES, "sampling", self.sampling, f"one of {', '.join(SAMPLING_MODES)}")
 
     @property
     def greedy(self) -> bool:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
 from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
+from .invariant import choose_from_logits
 from .rejection import acceptance_probability, verify, verify_greedy
 from .sampling import make_generator, process_logits
 from .stats import RequestStats, SpecStats
@@ -69,18 +71,22 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
     return tokens, ("length" if len(tokens) == budget else None)
 
 
-def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams) -> torch.Tensor:
+def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams, positions: torch.Tensor) -> torch.Tensor:
     """The target's pass over input_ids [B, k+1], as the rule needs it: at temperature 0 the
-    argmax ids [B, k+1] (`forward_argmax` where the model offers it: no logits tensor), else
-    the raw logits [B, k+1, V]."""
+    argmax ids [B, k+1] (`forward_argmax` where the model offers it: no logits tensor); in
+    invariant mode its token at each position [B, k+1] (positions [B, k+1]: those of the tokens
+    the pass predicts); else the raw logits [B, k+1, V]."""
     if params.greedy:
         forward_argmax = getattr(target, "forward_argmax", None)
         return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
+    if params.sampling == "invariant":
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return choose_from_logits(target(input_ids, cache), params, params.seed, rows, positions)
     return target(input_ids, cache)
 
 
 def _rule(
-    scores: torch.Tensor,  # [B, k+1] the target's argmax ids at T = 0, else [B, k+1, V] its raw logits
+    scores: torch.Tensor,  # [B, k+1] the target's token ids (T = 0: argmax; invariant mode), else [B, k+1, V] its raw logits
     draft_token_ids: torch.Tensor,  # [B, k]
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     params: SamplingParams,
@@ -90,11 +96,12 @@ def _rule(
 
     At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
     `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
-    general path without its [B, k+1, V] work."""
+    general path without its [B, k+1, V] work. In invariant mode the target's tokens are given
+    the same way and the rule is the same (beta is then whether each proposal was its token)."""
     k = draft_token_ids.shape[1]
-    if params.greedy:
+    if params.greedy or params.sampling == "invariant":
         output, num_accepted = verify_greedy(draft_token_ids, scores)
-        if draft_probs is None:  # q one-hot at the proposal
+        if draft_probs is None or not params.greedy:  # q one-hot at the proposal; invariant: whether it was the target's token
             return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
         return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
     if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
@@ -131,6 +138,8 @@ def generate(
     started = time.perf_counter()
     max_length = max(map(len, prompts)) + params.max_new_tokens + policy.k_max + 1
     generator = make_generator(params.seed, device)
+    if params.sampling == "invariant" and params.seed is None:  # the noise needs a seed: one from fresh entropy
+        params = replace(params, seed=int(torch.randint(0, 2**62, (1,), generator=generator)))
     cache = target.new_cache(batch, max_length)
     target.prefill([p[:-1] for p in prompts], cache)
     if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
@@ -164,7 +173,8 @@ def generate(
                 _sync(device)
                 t1 = time.perf_counter()
                 start_lengths = cache.host_lengths
-                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params)  # [B, k+1(, V)]
+                positions = torch.tensor(start_lengths, device=device)[:, None] + 1 + torch.arange(k + 1, device=device)  # [B, k+1]
+                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params, positions)  # [B, k+1(, V)]
                 _sync(device)
                 t2 = time.perf_counter()
                 output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingParams
+from ..invariant import choose
 from ..models.llama import KVCache
 from ..sampling import process_logits, sample
 
@@ -82,12 +83,18 @@ class ModelDrafter:
         if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
         token_ids, probs = [], []
+        rows = torch.arange(batch, device=self.pending.device)
+        committed = torch.tensor(self._start_lengths, device=rows.device) + torch.tensor(self.pending_count, device=rows.device)  # [B]
         for i in range(k):
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
             if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
                 token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
                 top = torch.softmax(logits[:, -1].float(), dim=-1).amax(dim=-1) if self.confidence_threshold else None
+            elif params.sampling == "invariant":  # the target's noise at the same position: q one-hot at its choice
+                q = process_logits(logits[:, -1], params)  # [B, V]
+                token_ids.append(choose(q[:, None], params.seed, rows, committed[:, None] + i)[:, 0])
+                top = q.amax(dim=-1) if self.confidence_threshold else None
             else:
                 q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
                 token_ids.append(sample(q, generator))
@@ -97,8 +104,8 @@ class ModelDrafter:
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
-        # greedy: q is one-hot at each proposal, which is what draft_probs = None declares
-        return draft_token_ids, (None if params.greedy else torch.stack(probs, dim=1))  # [B, k', V]
+        # greedy and invariant: q is one-hot at each proposal, which is what draft_probs = None declares
+        return draft_token_ids, (torch.stack(probs, dim=1) if probs else None)  # [B, k', V]
 
     def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids [B, W] (row b's real tokens first, then pads); logits [B, 1, V] at each row's

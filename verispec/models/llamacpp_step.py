@@ -106,7 +106,8 @@ class CompiledStep:
 
     `maybe(target, cache, drafter, params, prompts, k_max, generator)` returns one when it
     applies (a `LlamaCppModel` target, with a `ModelDrafter` over a `LlamaCppModel` of the same
-    vocabulary or with no drafter (plain decoding), temperature 0 or a temperature with no top-k, top-p or min-p, the compiled
+    vocabulary or with no drafter (plain decoding), temperature 0 or a temperature with no top-k, top-p or min-p
+    in rejection sampling, the compiled
     step loaded, B*(k+1) positions in one llama.cpp batch); `step(k)` runs one iteration for
     the active rows and returns (committed tokens per row, num_accepted per row, beta per row,
     proposals made, seconds drafting). Rows that finish are `retire`d: they take no part in
@@ -158,7 +159,7 @@ class CompiledStep:
         filtered = (0 < params.top_k < target.vocab_size) or params.top_p < 1.0 or params.min_p > 0.0
         drafts = drafter is None or (type(drafter) is ModelDrafter and isinstance(draft, llamacpp.LlamaCppModel)
                                      and (params.greedy or draft.vocab_size == target.vocab_size))
-        if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or not filtered)
+        if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or (params.sampling == "rejection" and not filtered))
                 and len(prompts) * (k_max + 1) <= llamacpp._N_BATCH):
             return None
         function = _load()
