@@ -41,3 +41,21 @@ def markov():
         "close": MarkovLM.perturbed(target, noise=1.0, seed=3),  # acceptance ~0.5: accepted blocks, bonus tokens, cuts
     }
     return target, drafts
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory):
+    """A small corpus (60 stdlib files) tokenised with a 400-token BPE (train_helpers.small_data)."""
+    from train_helpers import small_data
+
+    return small_data(tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(small_corpus, tmp_path_factory):
+    """The tiny preset trained 60 steps on small_corpus: a target to distil and cache from."""
+    from train_helpers import small_config
+
+    from verispec.train import PRESETS, train
+
+    return train(PRESETS["tiny"], small_config(small_corpus, tmp_path_factory.mktemp("teacher"), 60), progress=False) / "model"

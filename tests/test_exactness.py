@@ -227,7 +227,7 @@ def exact_llamacpp_temperature_only(gguf):
     return _exact_joint(gguf["target"], SamplingParams(**TEMPERATURE_ONLY))
 
 
-COMPILED_CHUNK = 128  # rows per call: the compiled step takes B * (k + 1) <= 512 positions in one llama.cpp batch
+COMPILED_CHUNK = LLAMACPP_CHUNK  # rows per call (the compiled step takes B * (k + 1) <= max(512, 9B) positions in one batch)
 
 
 def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: int, n: int, monkeypatch):

@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from train_helpers import held_out_beta, small_config, small_data, tiny_draft_config
+from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
 from verispec.teacher import TeacherCache, build_teacher_cache, distill_loss
-from verispec.train import PRESETS, load_tokens, train
+from verispec.train import load_tokens, train
 
 SEQ = 32
+CHUNK = 1000  # windows per chunk: a few chunks over the small corpus
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A small corpus (40 stdlib files) tokenised with a 300-token BPE."""
-    return small_data(tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("data"), files=40, vocab_size=300)
+def data(small_corpus):
+    return small_corpus
 
 
 def _cfg(data, out, steps, **kw):
@@ -36,19 +36,19 @@ def _cfg(data, out, steps, **kw):
 
 
 @pytest.fixture(scope="module")
-def teacher(data, tmp_path_factory):
-    return train(PRESETS["tiny"], _cfg(data, tmp_path_factory.mktemp("teacher"), 60), progress=False) / "model"
+def teacher(tiny_teacher):
+    return tiny_teacher
 
 
 def _build(teacher, data, out, **kw):
-    return build_teacher_cache(teacher, data, out, seq_len=SEQ, top_k=8, chunk_windows=40, batch_size=8, progress=False, **kw)
+    return build_teacher_cache(teacher, data, out, seq_len=SEQ, top_k=8, chunk_windows=CHUNK, batch_size=64, progress=False, **kw)
 
 
 def test_the_cache_holds_the_targets_top_k_and_the_rest(teacher, data, tmp_path):
     out, missing = _build(teacher, data, tmp_path / "cache")
     assert missing == 0
     cache = TeacherCache(out, data)
-    assert cache.spec.windows == (len(load_tokens(data, "train")) - 1) // SEQ > 40  # more than one chunk
+    assert cache.spec.windows == (len(load_tokens(data, "train")) - 1) // SEQ > CHUNK  # more than one chunk
     window = cache.spec.windows - 1  # the last window of the last chunk
     tokens = load_tokens(data, "train")[window * SEQ : window * SEQ + SEQ]
     with torch.no_grad():
@@ -71,7 +71,7 @@ def test_a_stopped_build_resumes_to_the_same_cache_and_other_settings_are_refuse
         a, b = np.load(whole / name), np.load(partial / name)
         assert all(np.array_equal(a[key], b[key]) for key in ("ids", "logp", "rest_logp"))
     with pytest.raises(ValueError, match="top_k"):
-        build_teacher_cache(teacher, data, partial, seq_len=SEQ, top_k=4, chunk_windows=40, progress=False)
+        build_teacher_cache(teacher, data, partial, seq_len=SEQ, top_k=4, chunk_windows=CHUNK, progress=False)
 
 
 def test_distill_loss_is_the_kl_of_the_coarsened_distributions():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import held_out_beta, small_config, small_data, tiny_draft_config
+from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
 from verispec.train import (
@@ -32,9 +32,9 @@ def test_split_is_deterministic_disjoint_and_about_five_percent():
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A small corpus (60 stdlib files) tokenised with a 400-token BPE."""
-    return small_data(tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("data"))
+def data(small_corpus):
+    """A small corpus (60 stdlib files) tokenised with a 400-token BPE (conftest)."""
+    return small_corpus
 
 
 def test_tokenizer_round_trips_code_and_marks_documents(data):
@@ -95,8 +95,8 @@ def test_export_writes_the_checkpoint_weights_so_far(data, tmp_path, capsys):
     assert float(row[1]) == pytest.approx(held_out_loss(exported, data, max_windows=2), rel=1e-5) and float(row[2]) > 1
 
 
-def test_distillation_brings_the_draft_towards_the_teacher(data, tmp_path):
-    teacher = train(PRESETS["tiny"], _cfg(data, tmp_path / "teacher", 60), progress=False) / "model"
+def test_distillation_brings_the_draft_towards_the_teacher(data, tiny_teacher, tmp_path):
+    teacher = tiny_teacher
     draft_config = tiny_draft_config()
     before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher=str(teacher)), progress=False) / "model")
     after = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher)), progress=False) / "model")

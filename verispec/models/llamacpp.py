@@ -34,7 +34,8 @@ import torch
 from .checkpoint import CheckpointError
 from .llama import CacheLengths
 
-_N_BATCH = 512  # tokens per llama_decode call (a longer prefill is split)
+_N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch
+_TOKENS_PER_ROW = 9  # a context takes B * 9 tokens per llama_decode (a verification of k = 8 for every row) when that is more
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
     "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
@@ -134,14 +135,16 @@ class _Weights:
 
 class _Context:
     """One llama.cpp context: its KV memory for n_seq sequences of up to n_ctx_seq positions, and
-    a llama_batch of _N_BATCH tokens with numpy views on its arrays (filled without a copy)."""
+    a llama_batch of n_batch = max(_N_BATCH, 9 n_seq) tokens with numpy views on its arrays
+    (filled without a copy). llama.cpp runs a batch in ubatches of _N_BATCH."""
 
     def __init__(self, model: "LlamaCppModel", n_seq: int, n_ctx_seq: int):
         lib = _llama()
         params = lib.llama_context_default_params()
         params.n_seq_max = n_seq
         params.n_ctx = n_seq * n_ctx_seq
-        params.n_batch = params.n_ubatch = _N_BATCH
+        capacity = max(_N_BATCH, _TOKENS_PER_ROW * n_seq)
+        params.n_batch, params.n_ubatch = capacity, _N_BATCH
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
         params.type_k = params.type_v = _KV_TYPES[model.kv_type]
@@ -151,15 +154,15 @@ class _Context:
         if not self.ptr:
             raise RuntimeError(f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {' / '.join(_log[-2:])}")
         self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr)
-        self.n_batch = min(_N_BATCH, lib.llama_n_batch(self.ptr))  # llama.cpp caps it at n_ctx
+        self.n_batch = min(capacity, lib.llama_n_batch(self.ptr))  # llama.cpp caps it at n_ctx
         self.memory = lib.llama_get_memory(self.ptr)
-        self.batch = lib.llama_batch_init(_N_BATCH, 0, 1)
-        self.token = np.ctypeslib.as_array(self.batch.token, shape=(_N_BATCH,))
-        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(_N_BATCH,))
-        self.output = np.ctypeslib.as_array(self.batch.logits, shape=(_N_BATCH,))
-        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(_N_BATCH,))[:] = 1
-        self._seq_ids = [self.batch.seq_id[i] for i in range(_N_BATCH)]
-        self._seq_written = np.full(_N_BATCH, -1)  # what seq_id[i][0] holds now (skip rewriting it)
+        self.batch = lib.llama_batch_init(capacity, 0, 1)
+        self.token = np.ctypeslib.as_array(self.batch.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(capacity,))
+        self.output = np.ctypeslib.as_array(self.batch.logits, shape=(capacity,))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(capacity,))[:] = 1
+        self._seq_ids = [self.batch.seq_id[i] for i in range(capacity)]
+        self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 

@@ -120,7 +120,7 @@ class CompiledStep:
         self._function, self._lib = function, lib
         self.target, self.cache = target, cache
         self.draft, self.draft_cache = (drafter.model, drafter.cache) if drafter is not None else (None, None)
-        self.capacity = llamacpp._N_BATCH
+        self.capacity = cache.context.n_batch  # tokens per llama_decode: the same in both contexts' batches
         self._batches = [lib.llama_batch_init(self.capacity, 0, 1) for _ in range(2)]
         width = max(len(p) for p in prompts) + params.max_new_tokens + 2  # pending tokens: a whole prompt, then k = 0 steps
         self.draft_pending = np.zeros((batch, width), np.int32)
@@ -159,11 +159,11 @@ class CompiledStep:
         filtered = (0 < params.top_k < target.vocab_size) or params.top_p < 1.0 or params.min_p > 0.0
         drafts = drafter is None or (type(drafter) is ModelDrafter and isinstance(draft, llamacpp.LlamaCppModel)
                                      and (params.greedy or draft.vocab_size == target.vocab_size))
-        if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or (params.sampling == "rejection" and not filtered))
-                and len(prompts) * (k_max + 1) <= llamacpp._N_BATCH):
+        if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or (params.sampling == "rejection" and not filtered))):
             return None
         function = _load()
-        if function is None:
+        capacity = min(cache.context.n_batch, drafter.cache.context.n_batch if drafter is not None else cache.context.n_batch) if function else 0
+        if len(prompts) * (k_max + 1) > capacity:  # (or not built: capacity 0)
             return None
         seed = 0 if params.greedy else int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         return cls(function, target, cache, drafter, prompts, params, k_max, seed)
