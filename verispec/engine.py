@@ -71,16 +71,18 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
     return tokens, ("length" if len(tokens) == budget else None)
 
 
-def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams, positions: torch.Tensor) -> torch.Tensor:
+def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams, start_lengths: list[int]) -> torch.Tensor:
     """The target's pass over input_ids [B, k+1], as the rule needs it: at temperature 0 the
     argmax ids [B, k+1] (`forward_argmax` where the model offers it: no logits tensor); in
-    invariant mode its token at each position [B, k+1] (positions [B, k+1]: those of the tokens
-    the pass predicts); else the raw logits [B, k+1, V]."""
+    invariant mode its token at each position [B, k+1] (row b's pass predicts positions
+    start_lengths[b] + 1 ..); else the raw logits [B, k+1, V]."""
     if params.greedy:
         forward_argmax = getattr(target, "forward_argmax", None)
         return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
     if params.sampling == "invariant":
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        batch, width = input_ids.shape
+        rows = torch.arange(batch, device=input_ids.device)
+        positions = torch.tensor(start_lengths, device=input_ids.device)[:, None] + 1 + torch.arange(width, device=input_ids.device)  # [B, k+1]
         return choose_from_logits(target(input_ids, cache), params, params.seed, rows, positions)
     return target(input_ids, cache)
 
@@ -173,8 +175,7 @@ def generate(
                 _sync(device)
                 t1 = time.perf_counter()
                 start_lengths = cache.host_lengths
-                positions = torch.tensor(start_lengths, device=device)[:, None] + 1 + torch.arange(k + 1, device=device)  # [B, k+1]
-                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params, positions)  # [B, k+1(, V)]
+                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params, start_lengths)  # [B, k+1(, V)]
                 _sync(device)
                 t2 = time.perf_counter()
                 output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]

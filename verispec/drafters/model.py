@@ -83,15 +83,17 @@ class ModelDrafter:
         if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
         token_ids, probs = [], []
-        rows = torch.arange(batch, device=self.pending.device)
-        committed = torch.tensor(self._start_lengths, device=rows.device) + torch.tensor(self.pending_count, device=rows.device)  # [B]
+        invariant = params.sampling == "invariant" and not params.greedy
+        if invariant:  # the noise of row b's proposal i is at position committed[b] + i, as the target's
+            rows = torch.arange(batch, device=self.pending.device)
+            committed = torch.tensor([n + c for n, c in zip(self._start_lengths, self.pending_count)], device=rows.device)  # [B]
         for i in range(k):
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
             if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
                 token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
                 top = torch.softmax(logits[:, -1].float(), dim=-1).amax(dim=-1) if self.confidence_threshold else None
-            elif params.sampling == "invariant":  # the target's noise at the same position: q one-hot at its choice
+            elif invariant:  # the target's noise at the same position: q one-hot at its choice
                 q = process_logits(logits[:, -1], params)  # [B, V]
                 token_ids.append(choose(q[:, None], params.seed, rows, committed[:, None] + i)[:, 0])
                 top = q.amax(dim=-1) if self.confidence_threshold else None

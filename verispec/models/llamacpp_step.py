@@ -101,14 +101,19 @@ def _address(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+def _capacity(cache, drafter) -> int:
+    """Tokens one llama_decode takes in both contexts (the C step fills both batches up to it)."""
+    return min(cache.context.n_batch, drafter.cache.context.n_batch) if drafter is not None else cache.context.n_batch
+
+
 class CompiledStep:
     """Both models' state for the compiled step, over the caches of one `generate` call.
 
     `maybe(target, cache, drafter, params, prompts, k_max, generator)` returns one when it
-    applies (a `LlamaCppModel` target, with a `ModelDrafter` over a `LlamaCppModel` of the same
-    vocabulary or with no drafter (plain decoding), temperature 0 or a temperature with no top-k, top-p or min-p
-    in rejection sampling, the compiled
-    step loaded, B*(k+1) positions in one llama.cpp batch); `step(k)` runs one iteration for
+    applies (a `LlamaCppModel` target; a `ModelDrafter` over a `LlamaCppModel` of the same
+    vocabulary, or no drafter: plain decoding; temperature 0, or rejection sampling at a
+    temperature with no top-k, top-p or min-p; the compiled step loaded; B*(k+1) positions in
+    one llama.cpp batch of both contexts); `step(k)` runs one iteration for
     the active rows and returns (committed tokens per row, num_accepted per row, beta per row,
     proposals made, seconds drafting). Rows that finish are `retire`d: they take no part in
     later steps and their caches stop growing. The drafter's own state is read at the start
@@ -120,7 +125,7 @@ class CompiledStep:
         self._function, self._lib = function, lib
         self.target, self.cache = target, cache
         self.draft, self.draft_cache = (drafter.model, drafter.cache) if drafter is not None else (None, None)
-        self.capacity = cache.context.n_batch  # tokens per llama_decode: the same in both contexts' batches
+        self.capacity = _capacity(cache, drafter)
         self._batches = [lib.llama_batch_init(self.capacity, 0, 1) for _ in range(2)]
         width = max(len(p) for p in prompts) + params.max_new_tokens + 2  # pending tokens: a whole prompt, then k = 0 steps
         self.draft_pending = np.zeros((batch, width), np.int32)
@@ -162,8 +167,7 @@ class CompiledStep:
         if not (isinstance(target, llamacpp.LlamaCppModel) and drafts and (params.greedy or (params.sampling == "rejection" and not filtered))):
             return None
         function = _load()
-        capacity = min(cache.context.n_batch, drafter.cache.context.n_batch if drafter is not None else cache.context.n_batch) if function else 0
-        if len(prompts) * (k_max + 1) > capacity:  # (or not built: capacity 0)
+        if function is None or len(prompts) * (k_max + 1) > _capacity(cache, drafter):
             return None
         seed = 0 if params.greedy else int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         return cls(function, target, cache, drafter, prompts, params, k_max, seed)
