@@ -10,14 +10,16 @@ import sys
 
 
 def bench_table(result: dict) -> str:
-    lines = ["| k | T | speed-up, median [min, max] | predicted | predicted / measured | alpha_hat | beta | tokens / pass | greedy identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| k | T | mode | speed-up, median [min, max] | predicted | predicted / measured | alpha_hat | beta | bound β/(2−β) | tokens / pass | identical to plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         predicted = r["predicted_speedup"]
         error = "-" if predicted is None else f"{predicted / r['speedup']:.2f}"
-        identical = "-" if r["greedy_identical"] is None else ("yes" if r["greedy_identical"] else "NO")
-        lines.append(f"| {r['k']} | {r['temperature']:g} | {r['speedup']:.2f} [{r['speedup_min']:.2f}, {r['speedup_max']:.2f}] | "
-                     f"{'-' if predicted is None else f'{predicted:.2f}'} | {error} | {r['alpha_hat']:.3f} | {r['beta']:.3f} | "
+        same = r["greedy_identical"] if r["greedy_identical"] is not None else r.get("invariant_identical")
+        identical = "-" if same is None else ("yes" if same else "NO")
+        bound = "-" if r.get("invariant_bound") is None else f"{r['invariant_bound']:.3f}"
+        lines.append(f"| {r['k']} | {r['temperature']:g} | {r.get('sampling', 'rejection')} | {r['speedup']:.2f} [{r['speedup_min']:.2f}, {r['speedup_max']:.2f}] | "
+                     f"{'-' if predicted is None else f'{predicted:.2f}'} | {error} | {r['alpha_hat']:.3f} | {r['beta']:.3f} | {bound} | "
                      f"{r['mean_tokens_per_pass']:.2f} | {identical} |")
     c = result["profile"]["c"]
     best = ", ".join(f"T={t}: k={b['k']} ({b['speedup']:.2f}x)" for t, b in result.get("best_k", {}).items())

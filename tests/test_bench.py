@@ -48,6 +48,23 @@ def test_bench_reports_every_run_with_the_documented_fields(pair, tmp_path):
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
 
 
+def test_bench_runs_both_sampling_modes_with_the_bound_beside_invariant_acceptance(pair, tmp_path, capsys):
+    _, _, target, draft = pair
+    result = run_bench(target, lambda: ModelDrafter(draft), [[1, 2, 3, 4], [50, 60]], [2], [0.0, 0.9], max_new_tokens=8, repeats=1,
+                       draft_model=draft, progress=False, samplings=("rejection", "invariant"))
+    runs = result["runs"]
+    assert [(r["temperature"], r["sampling"]) for r in runs] == [(0.0, "rejection"), (0.9, "rejection"), (0.9, "invariant")]
+    invariant, rejection = runs[2], runs[1]
+    assert invariant["invariant_identical"] is True and rejection["invariant_identical"] is None
+    assert invariant["invariant_bound"] == pytest.approx(rejection["beta"] / (2 - rejection["beta"]))
+    assert set(result["best_k"]) == {"0.0", "0.9", "0.9 invariant"}
+    target_dir, draft_dir, _, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    assert main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--sampling", "greedy"]) == 2
+    assert "--sampling must list rejection and/or invariant" in capsys.readouterr().err
+
+
 def test_bench_command_prints_a_table(pair, tmp_path, capsys):
     target_dir, draft_dir, _, _ = pair
     prompts = tmp_path / "p.jsonl"

@@ -46,6 +46,22 @@ def test_a_seed_in_invariant_mode_gives_the_text_of_plain_sampling(pair, capsys)
     assert all(text == texts[0] for text in texts)
 
 
+def test_a_prompts_line_sets_its_own_rows_seed_temperature_and_budget(pair, tmp_path, capsys):
+    import json
+
+    target, draft = pair
+    lines = [{"prompt": "import os", "seed": 3, "temperature": 0.9}, {"prompt": "def f(x):", "temperature": 0, "max_new_tokens": 5},
+             {"prompt": "import os", "seed": 3, "temperature": 0.9}, {"prompt": "import os", "seed": 4, "temperature": 0.9}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.json"
+    common = ["--target", str(target), "--draft", str(draft), "--k", "3", "--max-new-tokens", "16", "--ignore-eos", "--temperature", "0.5"]
+    assert main(["generate", "--prompts", str(tmp_path / "rows.jsonl"), "--json", str(out), *common]) == 0
+    rows = [r["token_ids"] for r in json.loads(out.read_text())["results"]]
+    assert rows[0] == rows[2] != rows[3] and [len(r) for r in rows] == [16, 5, 16, 16]
+    assert main(["generate", "def f(x):", "--json", str(out), *common, "--temperature", "0", "--max-new-tokens", "5"]) == 0
+    assert json.loads(out.read_text())["results"][0]["token_ids"] == rows[1]  # the greedy row: greedy, whatever the flags said
+
+
 def test_prompt_lookup_drafter_from_the_command_line(pair, capsys):
     target, _ = pair
     assert main(["generate", "ab ab ab ab", "--target", str(target), "--draft", "ngram", "--max-new-tokens", "10", "--ignore-eos"]) == 0

@@ -15,18 +15,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from stats_helpers import (
+    assert_distributed_as,
+    chi_square,
+    is_distributed_as,
+    threshold,
+)
 
 import verispec.drafters.model as model_drafter_module
 import verispec.engine as engine_module
 import verispec.rejection as rejection_module
-from stats_helpers import assert_distributed_as, chi_square, is_distributed_as, threshold
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate, generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
-from verispec.sampling import process_logits, sample
+from verispec.sampling import process_logits
 from verispec.stats import SpecStats
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
 
@@ -84,17 +88,39 @@ def _assert_joint_fails(counts, exact):
     assert statistic > 3 * threshold(df), (statistic, threshold(df))
 
 
+class _Settings:
+    """A batch's RowSampling seen through a wrong `process` (negative controls): everything else is the real one's."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class _DeclaresRawQ(_Settings):
+    """process returns softmax of the raw logits (declared) while draw draws from the processed q."""
+
+    drawn_from: list[torch.Tensor]
+
+    def process(self, logits):
+        self.drawn_from = [self.real.process(logits)]  # what the token is really drawn from
+        return process_logits(logits, SamplingParams())  # what is declared: softmax of the raw logits
+
+    def draw(self, probs, positions, modes=("invariant", "rejection")):
+        return self.real.draw(self.drawn_from.pop(), positions, modes)
+
+
+class _DefaultSettings(_Settings):
+    def process(self, logits):
+        return process_logits(logits, SamplingParams())
+
+
 def test_negative_control_draft_declares_raw_q(markov, monkeypatch):
     """transformers #47932: q declared from raw logits while the token is drawn from top-k-processed ones."""
     target, drafts = markov
-    drawn_from: list[torch.Tensor] = []
-
-    def declared_raw(logits, params):
-        drawn_from.append(process_logits(logits, params))  # what the token is really drawn from
-        return process_logits(logits, SamplingParams())  # what is declared: softmax of the raw logits
-
-    monkeypatch.setattr(model_drafter_module, "process_logits", declared_raw)
-    monkeypatch.setattr(model_drafter_module, "sample", lambda probs, generator=None: sample(drawn_from.pop(), generator))
+    propose = model_drafter_module.ModelDrafter.propose
+    monkeypatch.setattr(model_drafter_module.ModelDrafter, "propose", lambda self, k, sampling: propose(self, k, _DeclaresRawQ(sampling)))
     params = SamplingParams(**TOPK, seed=5, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, 4, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
@@ -103,7 +129,8 @@ def test_negative_control_draft_declares_raw_q(markov, monkeypatch):
 def test_negative_control_target_left_at_default_settings(markov, monkeypatch):
     """vLLM #9834: the target's p computed with default settings while the draft used the request's."""
     target, drafts = markov
-    monkeypatch.setattr(engine_module, "process_logits", lambda logits, params: process_logits(logits, SamplingParams()))
+    rule = engine_module._rule
+    monkeypatch.setattr(engine_module, "_rule", lambda scores, ids, probs, sampling, starts: rule(scores, ids, probs, _DefaultSettings(sampling), starts))
     params = SamplingParams(**TOPK, seed=6, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, 4, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
@@ -112,7 +139,7 @@ def test_negative_control_target_left_at_default_settings(markov, monkeypatch):
 def test_negative_control_rejection_resamples_from_p(markov, monkeypatch):
     """At a rejection, drawing from p instead of normalize(max(p - q, 0)) biases every position."""
     target, drafts = markov
-    monkeypatch.setattr(rejection_module, "_residual_probs", lambda ids, draft_probs, target_probs: target_probs)
+    monkeypatch.setattr(rejection_module, "_residual_probs", lambda draft_probs, target_probs: target_probs)
     params = SamplingParams(**T1, seed=7, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["random"]), params, 2, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
@@ -206,7 +233,7 @@ class ScriptedDrafter:
     def start(self, prompts, max_length):
         self.position = [0] * len(prompts)
 
-    def propose(self, k, params, generator):
+    def propose(self, k, sampling):
         rows = [(script[i : i + k] + [0] * k)[:k] for script, i in zip(self.scripts, self.position)]
         return torch.tensor(rows, dtype=torch.long).reshape(len(rows), k), None
 

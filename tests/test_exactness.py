@@ -29,7 +29,7 @@ from verispec.drafters.ngram import PromptLookupDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.models.quantize import quantize_model
-from verispec.sampling import process_logits
+from verispec.sampling import process_logits, row_seed
 from verispec.stats import SpecStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.py
@@ -130,8 +130,8 @@ def test_greedy_output_equals_plain_greedy(target, made, plain_greedy, name, k):
 class DeclaresFlatQ(ModelDrafter):
     """Wrong: draws from the draft model's peaked q but declares a flat one."""
 
-    def propose(self, k, params, generator):
-        token_ids, _ = super().propose(k, params, generator)
+    def propose(self, k, sampling):
+        token_ids, _ = super().propose(k, sampling)
         return token_ids, torch.full((*token_ids.shape, VOCAB), 1.0 / VOCAB)
 
 
@@ -316,3 +316,38 @@ def test_invariant_mode_gives_the_tokens_of_plain_decoding(target, made, setting
         # negative control: rejection sampling with the same seed commits other tokens
         rejection = generate_all(target, prompts, replace(params, sampling="rejection"), DRAFTERS["model"](target, made), k=4)
         assert sum(a != b for a, b in zip(rejection, plain)) > 100
+
+
+# A batch with different settings per row (sampling.RowSampling): each half of the rows is
+# distributed as the target under its own settings.
+OTHER_SETTING = dict(temperature=1.3)
+
+
+@pytest.fixture(scope="module")
+def exact_other(target):
+    return _exact_joint(target, SamplingParams(**OTHER_SETTING))
+
+
+def _mixed_counts(target, drafter, n: int, seed: int):
+    first = SamplingParams(**SETTING, max_new_tokens=TOKENS)
+    second = SamplingParams(**OTHER_SETTING, max_new_tokens=TOKENS, sampling="invariant")
+    params = [replace(first if b % 2 == 0 else second, seed=row_seed(seed, b)) for b in range(n)]
+    tokens = np.asarray(generate_all(target, [PROMPT] * n, params, drafter, k=3))
+    cells = np.ravel_multi_index(tokens.T, (VOCAB,) * TOKENS)
+    return [np.bincount(cells[half::2], minlength=VOCAB**TOKENS) for half in (0, 1)]
+
+
+@pytest.mark.parametrize("name", ["model", "ngram"])
+def test_joint_distribution_is_exact_per_row_in_a_batch_of_mixed_settings(target, made, exact, exact_other, name):
+    counts = _mixed_counts(target, DRAFTERS[name](target, made), 2 * N, seed=900 + ["model", "ngram"].index(name))
+    assert_distributed_as(counts[0], exact, are_counts=True, label=f"{name} rows at {SETTING}, rejection")
+    assert_distributed_as(counts[1], exact_other, are_counts=True, label=f"{name} rows at {OTHER_SETTING}, invariant")
+
+
+def test_negative_control_every_row_processed_with_the_first_rows_settings(target, made, exact, exact_other, monkeypatch):
+    from verispec.sampling import RowSampling
+
+    monkeypatch.setattr(RowSampling, "process", lambda self, logits: process_logits(logits, self.params[0]))
+    counts = _mixed_counts(target, DRAFTERS["model"](target, made), 20_000, seed=990)
+    assert is_distributed_as(counts[0], exact, are_counts=True)  # the first rows are right
+    assert not is_distributed_as(counts[1], exact_other, are_counts=True)

@@ -24,6 +24,7 @@ from verispec.models.gguf_convert import cached_gguf, convert
 from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, unavailable
 from verispec.models.toy import make_toy_pair
 from verispec.pair import DRAFT_DIR, TARGET_DIR
+from verispec.sampling import RowSampling
 
 
 def test_llama_cpp_runs_here():
@@ -161,7 +162,7 @@ def test_a_confident_draft_stops_at_the_same_place_on_both_backends(toy, toy_mod
     for model in (toy_model_f32_kv, load_pretrained(toy[0])):
         drafter = ModelDrafter(model, confidence_threshold=threshold)
         drafter.start([prompt], 64)
-        proposals.append(drafter.propose(6, params, None)[0].tolist())
+        proposals.append(drafter.propose(6, RowSampling(params, 1))[0].tolist())
     assert proposals[0] == proposals[1]
     assert 1 <= len(proposals[0][0]) < 6
 

@@ -10,6 +10,8 @@ cannot be built (no compiler) or is switched off, the Python path runs and says 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from verispec.config import SamplingParams
@@ -19,6 +21,7 @@ from verispec.models import llamacpp_step
 from verispec.models.gguf_convert import cached_gguf
 from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel
 from verispec.pair import DRAFT_DIR, TARGET_DIR
+from verispec.sampling import RowSampling
 from verispec.stats import SpecStats
 
 PROMPTS = ["def quicksort(arr):\n", "class Stack:\n    def __init__(self):", "import os\n\ndef walk(path):"]
@@ -137,7 +140,24 @@ def test_without_the_compiled_step_the_python_path_runs_and_says_why(monkeypatch
     else:
         monkeypatch.setenv("VERISPEC_LLAMA_STEP", "0")
     params = SamplingParams(temperature=0, max_new_tokens=20)
-    assert target.compiled_step(None, ModelDrafter(draft), params, prompts[:1], 4, None) is None
+    assert target.compiled_step(None, ModelDrafter(draft), RowSampling(params, 1), prompts[:1], 4) is None
     status = llamacpp_step.step_status()
     assert ("no C compiler" in status and "using the Python path" in capsys.readouterr().err) if setting == "no compiler" else "disabled" in status
     assert _run(target, draft, prompts[:1], params, 4)[0] == generate_all(target, prompts[:1], params)
+
+
+def test_at_a_temperature_each_row_draws_from_its_own_stream(pair, monkeypatch):
+    """A seeded row's tokens through the compiled step do not depend on the other row (its prompt,
+    seed or budget); rows with different settings run the Python path (the step takes one setting)."""
+    target, draft, prompts = pair
+    used = []
+    maybe = llamacpp_step.CompiledStep.maybe
+    monkeypatch.setattr(llamacpp_step.CompiledStep, "maybe", classmethod(lambda cls, *args: used.append(maybe(*args)) or used[-1]))
+    mine = SamplingParams(temperature=0.8, seed=21, max_new_tokens=30)
+    runs = [generate_all(target, [prompts[0], other], [mine, replace(mine, seed=seed, max_new_tokens=budget)], ModelDrafter(draft), 4)[0]
+            for other, seed, budget in [(prompts[1], 1, 30), (prompts[2], 2, 5), (prompts[1], 3, 12)]]
+    assert all(used) and runs[0] == runs[1] == runs[2]
+    assert generate_all(target, [prompts[0], prompts[1]], [replace(mine, seed=22), mine], ModelDrafter(draft), 4)[0] != runs[0]
+    used.clear()
+    generate_all(target, prompts[:2], [mine, replace(mine, temperature=0.5)], ModelDrafter(draft), 4)
+    assert used == [None]

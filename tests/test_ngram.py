@@ -40,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 def _propose(histories: list[list[int]], k: int, **kwargs) -> list[list[int]]:
     drafter = PromptLookupDrafter(**kwargs)
     drafter.start(histories, max_length=64)
-    draft_token_ids, draft_probs = drafter.propose(k, ANY, None)
+    draft_token_ids, draft_probs = drafter.propose(k, ANY)
     assert draft_probs is None and draft_token_ids.dtype == torch.long
     assert draft_token_ids.shape in ((len(histories), k), (len(histories), 0))
     return draft_token_ids.tolist()
@@ -90,7 +90,7 @@ def test_rows_are_independent_and_k0_is_empty():
     assert batched == [_propose([h, LATEST], 5)[0] for h in histories]
     drafter = PromptLookupDrafter()
     drafter.start(histories, max_length=32)
-    draft_token_ids, draft_probs = drafter.propose(0, ANY, None)
+    draft_token_ids, draft_probs = drafter.propose(0, ANY)
     assert draft_token_ids.shape == (5, 0) and draft_token_ids.dtype == torch.long and draft_probs is None
 
 
@@ -104,7 +104,7 @@ def test_history_is_prompt_plus_committed_tokens():
     reference = [list(p) for p in prompts]
     for step in range(40):
         k = rng.choice([0, 1, 2, 4])
-        proposal, _ = drafter.propose(k, ANY, None)
+        proposal, _ = drafter.propose(k, ANY)
         k = proposal.shape[1]  # fewer when no row matched (the engine does the same)
         accepted = [k if step % 3 == 0 else rng.randint(0, k) for _ in prompts]  # every third step: all accepted
         next_token_ids = torch.tensor([rng.randrange(9) for _ in prompts])
@@ -178,8 +178,8 @@ class UniformDeclaredDrafter(PromptLookupDrafter):
         super().__init__()
         self.vocab_size = vocab_size
 
-    def propose(self, k, params, generator):
-        draft_token_ids, _ = super().propose(k, params, generator)
+    def propose(self, k, sampling):
+        draft_token_ids, _ = super().propose(k, sampling)
         return draft_token_ids, torch.full((*draft_token_ids.shape, self.vocab_size), 1.0 / self.vocab_size)
 
 

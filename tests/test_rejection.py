@@ -18,7 +18,7 @@ import verispec.rejection as rejection
 from stats_helpers import assert_distributed_as, counts_of, is_distributed_as
 from verispec.config import SamplingParams
 from verispec.rejection import acceptance_probability, verify
-from verispec.sampling import make_generator, process_logits, sample
+from verispec.sampling import RowSampling, make_generator, process_logits, sample
 
 N = 200_000
 
@@ -250,7 +250,7 @@ def test_control_a_residual_correct_passes():
 
 
 def test_control_a_resampling_from_p_instead_of_residual_fails(monkeypatch):
-    monkeypatch.setattr(rejection, "_residual_probs", lambda draft_ids, draft_probs, target_probs: target_probs)
+    monkeypatch.setattr(rejection, "_residual_probs", lambda draft_probs, target_probs: target_probs)
     _, output, _ = _run([NEG_P, _dirichlet(61, 8)], [NEG_Q], seed=11)
     assert not is_distributed_as(output[:, 0], NEG_P)
     # and it fails for the reason expected: the output is min(p, q) + (1 - beta) p
@@ -460,7 +460,7 @@ def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
     else:
         q = None
     params = SamplingParams(temperature=0)
-    output, accepted, beta = _rule(argmax, draft, q, params, generator)
+    output, accepted, beta = _rule(argmax, draft, q, RowSampling(params, batch), [0] * batch)
     p = process_logits(logits, params)
     expected_output, expected_accepted = verify(draft, q, p, generator)
     assert torch.equal(output, expected_output) and torch.equal(accepted, expected_accepted)

@@ -34,6 +34,7 @@ from .theory import mixed_speedup
 RUN_FIELDS = (
     "k", "temperature", "tokens_per_s_baseline", "tokens_per_s_speculative", "speedup", "speedup_min", "speedup_max",
     "alpha_hat", "beta", "mean_tokens_per_pass", "predicted_speedup", "greedy_identical", "baseline_spread", "noisy",
+    "sampling", "invariant_identical", "invariant_bound",
 )
 
 
@@ -76,8 +77,14 @@ def run_bench(
     seed: int = 0,
     draft_model: torch.nn.Module | None = None,
     progress: bool = True,
+    samplings: Sequence[str] = ("rejection",),
 ) -> dict:
-    """Measure every (temperature, k); return {"runs": [...], "profile": ..., ...}."""
+    """Measure every (temperature, sampling mode, k); return {"runs": [...], "profile": ..., ...}.
+
+    Invariant mode (not run at T = 0, where it is greedy) also checks that the speculative
+    tokens equal the plain ones, and its run carries the bound on its acceptance, beta/(2 - beta)
+    = (1 - TV)/(1 + TV), from the rejection run's beta at the same T and k when there is one
+    (the bound is convex in beta, so at the mean beta it bounds the mean acceptance too)."""
     from tqdm import tqdm
 
     if not prompts:
@@ -91,9 +98,10 @@ def run_bench(
     context = round(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
     profile = profile_costs(target, draft_model, k_max=k_max, context_length=context)  # no draft model: c = 0
     runs = []
-    bar = tqdm(total=len(temperatures) * len(ks) * repeats, disable=not progress, desc="bench", dynamic_ncols=True)
-    for temperature in temperatures:
-        params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+    settings = [(t, mode) for t in temperatures for mode in samplings if not (t == 0 and mode == "invariant")]
+    bar = tqdm(total=len(settings) * len(ks) * repeats, disable=not progress, desc="bench", dynamic_ncols=True)
+    for temperature, sampling in settings:
+        params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, sampling=sampling)
         for k in ks:
             base_tps, spec_tps, ratios, identical, stats_all = [], [], [], True, SpecStats()
             prefill_plain, prefill_spec = [], []
@@ -117,7 +125,8 @@ def run_bench(
                 "alpha_hat": stats_all.alpha_hat, "beta": stats_all.beta, "mean_tokens_per_pass": stats_all.mean_tokens_per_pass,
                 "acceptance_by_position": stats_all.acceptance_by_position, "beta_by_position": stats_all.beta_by_position,
                 "predicted_speedup": None, "greedy_identical": identical if temperature == 0 else None,
-                "baseline_spread": max(base_tps) / min(base_tps),
+                "baseline_spread": max(base_tps) / min(base_tps), "sampling": sampling,
+                "invariant_identical": identical if sampling == "invariant" and temperature > 0 else None, "invariant_bound": None,
             }
             run["noisy"] = run["baseline_spread"] > NOISY_SPREAD
             if k != "auto":
@@ -129,12 +138,17 @@ def run_bench(
                 )
             runs.append(run)
     bar.close()
+    for run in runs:
+        if run["sampling"] == "invariant":
+            rejection = [r for r in runs if r["sampling"] == "rejection" and (r["temperature"], r["k"]) == (run["temperature"], run["k"])]
+            if rejection:
+                run["invariant_bound"] = rejection[0]["beta"] / (2 - rejection[0]["beta"])
     best = {}
-    for temperature in temperatures:
-        fixed = [r for r in runs if r["temperature"] == temperature and r["k"] != "auto" and not r["noisy"]]
+    for temperature, sampling in settings:
+        fixed = [r for r in runs if (r["temperature"], r["sampling"]) == (temperature, sampling) and r["k"] != "auto" and not r["noisy"]]
         if fixed:
             top = max(fixed, key=lambda r: r["speedup"])
-            best[str(temperature)] = {"k": top["k"], "speedup": top["speedup"]}
+            best[str(temperature) + ("" if sampling == "rejection" else f" {sampling}")] = {"k": top["k"], "speedup": top["speedup"]}
     return {
         "runs": runs, "profile": profile.to_dict(), "prompts": len(prompts), "best_k": best,
         "draft_bytes_per_token": weight_bytes(draft_model) if draft_model is not None else 0,

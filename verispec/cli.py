@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -111,6 +112,16 @@ def _add_confidence_argument(parser: argparse.ArgumentParser) -> None:
                              "(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)")
 
 
+def _add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float) -> None:
+    parser.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default {temperature:g})")
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    parser.add_argument("--sampling", choices=["rejection", "invariant"], default="rejection",
+                        help="rejection (default): accept a proposal with probability min(1, p/q); invariant: noise keyed by "
+                             "(seed, position), so that a seed gives the tokens of plain decoding whatever the draft and k")
+
+
 def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
@@ -129,22 +140,17 @@ def _parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="stream a completion, then one line of statistics")
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
-    gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt')
+    gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
+                     'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens"')
     gen.add_argument("--json", metavar="OUT", help="write the prompts, completions (text and token ids), finish reasons and statistics here")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a completion before this text (repeatable)")
     gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
     gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
     gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
     gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
-    gen.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    gen.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    _add_sampling_arguments(gen, temperature=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
     gen.add_argument("--seed", type=int, default=None, help="random seed of the sampling (default: fresh entropy)")
-    gen.add_argument("--sampling", choices=["rejection", "invariant"], default="rejection",
-                     help="rejection (default): accept a proposal with probability min(1, p/q); invariant: noise keyed by "
-                          "(seed, row, position), so that a seed gives the tokens of plain decoding whatever the draft and k")
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
@@ -183,6 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", required=True, help='JSON lines, one {"prompt": "..."} per line')
     bench.add_argument("--k", default="1,2,4", help="comma-separated draft lengths, 'auto' allowed (default 1,2,4)")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default 0)")
+    bench.add_argument("--sampling", default="rejection", help="comma-separated modes: rejection, invariant (default rejection; invariant is not run at T = 0)")
     bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
@@ -210,6 +217,21 @@ def _parser() -> argparse.ArgumentParser:
     adv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     adv.add_argument("--json", help="write the report here")
     _add_backend_arguments(adv)
+
+    chk = commands.add_parser("check", help="certify that decoding is lossless on your target, draft and settings (exit 0: all passed)")
+    chk.add_argument("--target", help="target model directory or GGUF file (default: the built-in pair's target)")
+    chk.add_argument("--draft", help="draft directory or GGUF file, 'ngram' or 'early-exit:L' (default: the built-in draft with the built-in target)")
+    chk.add_argument("--prompts", help='JSON lines, one {"prompt": "..."} per line (default: the built-in held-out prompts)')
+    chk.add_argument("--contexts", type=int, default=2, help="contexts of the distribution tests: the first prompts where the draft proposes (default 2)")
+    chk.add_argument("--k", type=int, default=4, help="draft positions tested per context, and the draft length of (b) and (c) (default 4)")
+    chk.add_argument("--draws", type=int, default=200_000, help="verifications per position (default 200000, at least 1000)")
+    chk.add_argument("--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)")
+    chk.add_argument("--max-new-tokens", type=int, default=32, help="tokens per row in the comparisons (default 32)")
+    _add_sampling_arguments(chk, temperature=1.0)
+    chk.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    chk.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
+    chk.add_argument("--json", metavar="OUT", help="write the report here")
+    _add_backend_arguments(chk)
 
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
     prof.add_argument("--target", help="target model directory or GGUF file, or a preset name of verispec.train (random weights); default: the built-in pair")
@@ -329,16 +351,20 @@ def _default_pair(args: argparse.Namespace) -> None:
             args.draft = [str(DRAFT_DIR)] if args.command == "plan" else str(DRAFT_DIR)
 
 
-def _prompt_texts(args: argparse.Namespace) -> list[str]:
+ROW_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_new_tokens")  # a --prompts line may set these for its row
+
+
+def _prompt_texts(args: argparse.Namespace, settings: list[dict] | None = None) -> list[str]:
     """The prompts of `generate`: PROMPT, --prompt TEXT or --prompts FILE (exactly one of them);
-    '-' reads the prompt from standard input. Text must be valid UTF-8."""
+    '-' reads the prompt from standard input. Text must be valid UTF-8. A --prompts line's own
+    settings (ROW_SETTINGS) are appended to `settings`, one dict per prompt."""
     given = [name for name, value in (("PROMPT", args.prompt_text), ("--prompt", args.prompt), ("--prompts", args.prompts)) if value is not None]
     if not given:
         raise ValueError("no prompt: give PROMPT, --prompt TEXT, --prompts FILE, or - to read standard input")
     if len(given) > 1:
         raise ValueError(f"give one of PROMPT, --prompt and --prompts, not {' and '.join(given)}")
     if args.prompts is not None:
-        texts = _read_prompts(args.prompts, None)
+        texts = _read_prompts(args.prompts, None, settings)
     else:
         text = args.prompt if args.prompt is not None else args.prompt_text
         if text == "-":
@@ -365,7 +391,8 @@ def _stop_at(text: str, stops: list[str]) -> int | None:
 def _generate(args: argparse.Namespace) -> int:
     import json
 
-    texts = _prompt_texts(args)
+    row_settings: list[dict] = []
+    texts = _prompt_texts(args, row_settings)
     if args.json is not None:
         _check_writable(args.json, "--json")
     if any(stop == "" for stop in args.stop):
@@ -380,12 +407,15 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else eos, sampling=args.sampling,
     )
+    if any(row_settings):  # a --prompts line's own settings override the flags for its row
+        params = [replace(params, **row) for row in row_settings]
     prompt_ids = [tokenizer.encode(text).ids for text in texts]
     if not all(prompt_ids):
         return _fail(f"prompt {next(i for i, ids in enumerate(prompt_ids, 1) if not ids)} encodes to no tokens")
     from .engine import check_context
 
-    check_context(target, prompt_ids, args.max_new_tokens)  # before the cost profile, which reads that long a context
+    budgets = [p.max_new_tokens for p in params] if isinstance(params, list) else args.max_new_tokens
+    check_context(target, prompt_ids, budgets)  # before the cost profile, which reads that long a context
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)  # validated before any work
     if isinstance(target, torch.nn.Module):
         from .models.kernels import kernel_status
@@ -406,7 +436,7 @@ def _generate(args: argparse.Namespace) -> int:
 
         longest = max(map(len, prompt_ids))
         profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, batch_size=len(prompt_ids),
-                                context_length=longest + args.max_new_tokens // 2, repeats=3)
+                                context_length=longest + max(budgets if isinstance(budgets, list) else [budgets]) // 2, repeats=3)
         k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r)
         plain_step_s = profile.target_s[0]
     stats = SpecStats()
@@ -509,6 +539,42 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    import json
+
+    from .check import format_report, run_check
+
+    for flag, value, least in (("--contexts", args.contexts, 1), ("--k", args.k, 1), ("--draws", args.draws, 1000),
+                               ("--seeds", args.seeds, 1), ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value < least:
+            return _fail(f"{flag} must be >= {least}, got {value}")
+    if args.json is not None:
+        _check_writable(args.json, "--json")
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                            sampling=args.sampling)
+    if args.prompts is None:
+        from .pair import HELDOUT_PROMPTS
+
+        args.prompts = str(HELDOUT_PROMPTS)
+    texts = _read_prompts(args.prompts, None)
+    _default_pair(args)
+    if args.draft is None:
+        return _fail("--draft is needed with --target (a directory or GGUF file, 'ngram' or 'early-exit:L')")
+    dtype = parse_dtype(args.dtype)
+    target, tokenizer = _target(args, dtype)
+    drafter = _drafter(args.draft, dtype, target, args.target, args)
+    prompts = [ids for ids in (tokenizer.encode(text).ids for text in texts) if ids]
+    if len(prompts) < args.contexts:
+        return _fail(f"{args.prompts}: {len(prompts)} non-empty prompts, fewer than --contexts {args.contexts}")
+    report = run_check(target, drafter, prompts, params, contexts=args.contexts, k=args.k, n=args.draws, seeds=args.seeds,
+                       max_new_tokens=args.max_new_tokens, progress=_progress("check"))
+    print("\n".join(format_report(report)))
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if report.passed else 1
+
+
 def _quantize(args: argparse.Namespace) -> int:
     from .models.checkpoint import save_pretrained
     from .models.quantize import quantize_model, weight_bytes
@@ -603,7 +669,10 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_prompts(path: str, limit: int | None) -> list[str]:
+def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = None) -> list[str]:
+    """The "prompt" strings of a JSON-lines file (the first `limit`). With `settings`, each
+    line's ROW_SETTINGS are checked (as SamplingParams checks them, named with the line) and
+    appended to it, one dict per prompt."""
     import json
 
     if limit is not None and limit < 1:
@@ -617,12 +686,20 @@ def _read_prompts(path: str, limit: int | None) -> list[str]:
         if not line.strip():
             continue
         try:
-            prompt = json.loads(line)["prompt"]
+            record = json.loads(line)
+            prompt = record["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
             prompt = None
         if not isinstance(prompt, str):
             raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string')
         prompts.append(prompt)
+        if settings is not None:
+            row = {key: record[key] for key in ROW_SETTINGS if key in record}
+            try:
+                SamplingParams(**row)
+            except ValueError as error:
+                raise _FileError(f"{path}:{number}: {error}") from None
+            settings.append(row)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts[:limit]
@@ -699,6 +776,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     _check_reports(args)
     ks, temperatures = _draft_lengths(args.k), _temperatures(args.temperature)
+    samplings = [mode.strip() for mode in args.sampling.split(",")]
+    if not samplings or any(mode not in ("rejection", "invariant") for mode in samplings):
+        return _fail(f"--sampling must list rejection and/or invariant, got {args.sampling!r}")
     _default_pair(args)
     if args.peer == "llamacpp":
         return _peer_llamacpp(args)
@@ -714,14 +794,18 @@ def _bench(args: argparse.Namespace) -> int:
         calibrate(target, max(k for k in ks if k != "auto") + 1 if any(k != "auto" for k in ks) else 9)
     # start() resets a drafter completely, so one object serves every run
     result = run_bench(target, lambda: drafter, prompts, ks, temperatures, args.max_new_tokens, args.repeats, args.seed,
-                       getattr(drafter, "model", None))
-    print(f"{'k':>5} {'T':>4} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} {'alpha_hat':>9} {'beta':>5} {'tok/pass':>8} identical")
+                       getattr(drafter, "model", None), samplings=samplings)
+    print(f"{'k':>5} {'T':>4} {'mode':>9} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} {'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} identical")
     for run in result["runs"]:
         predicted = "-" if run["predicted_speedup"] is None else f"{run['predicted_speedup']:.2f}"
+        bound = "-" if run["invariant_bound"] is None else f"{run['invariant_bound']:.3f}"
+        identical = run["greedy_identical"] if run["greedy_identical"] is not None else run["invariant_identical"]
         spread = f"{run['speedup']:.2f} [{run['speedup_min']:.2f},{run['speedup_max']:.2f}]"
-        print(f"{run['k']!s:>5} {run['temperature']:>4} {run['tokens_per_s_baseline']:>10.1f} {run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5}"
-              f" {run['alpha_hat']:>9.3f} {run['beta']:>5.3f} {run['mean_tokens_per_pass']:>8.2f} {run['greedy_identical']}")
-    print("tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]")
+        print(f"{run['k']!s:>5} {run['temperature']:>4} {run['sampling']:>9} {run['tokens_per_s_baseline']:>10.1f} {run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5}"
+              f" {run['alpha_hat']:>9.3f} {run['beta']:>5.3f} {bound:>5} {run['mean_tokens_per_pass']:>8.2f} {identical}")
+    print("tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]; identical: the speculative "
+          "tokens are the plain ones (greedy; invariant mode at T > 0); bound: beta/(2 - beta) of the rejection run, the least "
+          "invariant mode's acceptance can be; invariant mode's beta is its acceptance rate")
     for run in result["runs"]:
         if run["noisy"]:
             print(f"noisy: k={run['k']}, T={run['temperature']}: the plain baseline ranged {run['baseline_spread']:.2f}x across "
@@ -814,7 +898,7 @@ def _toy(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {
-    "generate": _generate, "plan": _plan, "quantize": _quantize, "profile": _profile,
+    "generate": _generate, "plan": _plan, "check": _check, "quantize": _quantize, "profile": _profile,
     "bench": _bench, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
 }
 
@@ -823,6 +907,10 @@ _COMMANDS = {
 _FLAGS = {"top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
           "k_max": "--k-max", "ks": "--k", "repeats": "--repeats", "batch_size": "--batch-size", "context_length": "--context",
           "confidence_threshold": "--confidence-threshold"}
+
+
+class _FileError(ValueError):
+    """An error in a file: it names the file's own keys, not flags."""
 
 
 def _flag_names(message: str) -> str:
@@ -838,7 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     except UnicodeDecodeError as error:  # a text file that is not UTF-8 (a ValueError too, but its message names no file)
         return _fail(f"a file is not UTF-8 text: {error.reason} at byte {error.start}")
     except (CheckpointError, ValueError, OSError) as error:
-        return _fail(_flag_names(" ".join(str(error).split())))
+        message = " ".join(str(error).split())
+        return _fail(message if isinstance(error, _FileError) else _flag_names(message))
     except KeyboardInterrupt:
         return 130
 

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 import torch
 
 from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
-from .invariant import choose_from_logits
 from .rejection import acceptance_probability, verify, verify_greedy
-from .sampling import make_generator, process_logits
+from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
 
 
@@ -47,14 +45,18 @@ def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[li
     return checked
 
 
-def check_context(target, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-    """ValueError (one line) when the longest prompt plus max_new_tokens does not fit in the
-    target's context (`config.max_position_embeddings`, a GGUF's training context): past it a
-    model produces garbage. Models that declare no context are not checked."""
+def check_context(target, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> None:
+    """ValueError (one line) when a prompt plus its max_new_tokens (one for all rows or one per
+    row) does not fit in the target's context (`config.max_position_embeddings`, a GGUF's
+    training context): past it a model produces garbage. Models that declare no context are
+    not checked."""
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-    longest = max((len(p) for p in prompts), default=0)
-    if isinstance(context, int) and longest + max_new_tokens > context:
-        raise ValueError(f"the prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's context of {context} positions")
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if not isinstance(context, int) or not prompts:
+        return
+    length, budget = max(((len(p), n) for p, n in zip(prompts, budgets)), key=sum)
+    if length + budget > context:
+        raise ValueError(f"the prompt ({length} tokens) plus max_new_tokens ({budget}) exceeds the model's context of {context} positions")
 
 
 def _sync(device: torch.device) -> None:
@@ -71,53 +73,73 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
     return tokens, ("length" if len(tokens) == budget else None)
 
 
-def _score(target, input_ids: torch.Tensor, cache, params: SamplingParams, start_lengths: list[int]) -> torch.Tensor:
-    """The target's pass over input_ids [B, k+1], as the rule needs it: at temperature 0 the
-    argmax ids [B, k+1] (`forward_argmax` where the model offers it: no logits tensor); in
-    invariant mode its token at each position [B, k+1] (row b's pass predicts positions
-    start_lengths[b] + 1 ..); else the raw logits [B, k+1, V]."""
-    if params.greedy:
+def _score(target, input_ids: torch.Tensor, cache, sampling: RowSampling) -> torch.Tensor:
+    """The target's pass over input_ids [B, k+1], as the rule needs it: when every row is at
+    temperature 0 the argmax ids [B, k+1] (`forward_argmax` where the model offers it: no
+    logits tensor); else the raw logits [B, k+1, V]."""
+    if sampling.greedy:
         forward_argmax = getattr(target, "forward_argmax", None)
         return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
-    if params.sampling == "invariant":
-        batch, width = input_ids.shape
-        rows = torch.arange(batch, device=input_ids.device)
-        positions = torch.tensor(start_lengths, device=input_ids.device)[:, None] + 1 + torch.arange(width, device=input_ids.device)  # [B, k+1]
-        return choose_from_logits(target(input_ids, cache), params, params.seed, rows, positions)
     return target(input_ids, cache)
 
 
 def _rule(
-    scores: torch.Tensor,  # [B, k+1] the target's token ids (T = 0: argmax; invariant mode), else [B, k+1, V] its raw logits
+    scores: torch.Tensor,  # [B, k+1] the target's argmax ids (every row greedy), else [B, k+1, V] its raw logits
     draft_token_ids: torch.Tensor,  # [B, k]
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
-    params: SamplingParams,
-    generator: torch.Generator,
+    sampling: RowSampling,
+    start_lengths: list[int],  # row b's pass predicts positions start_lengths[b] + 1 ..
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The accept-reject rule on one pass: (output [B, k+1], num_accepted [B], beta [B, k]).
+    """The accept-reject rule on one pass, each row by its own settings: (output [B, k+1],
+    num_accepted [B], beta [B, k]).
 
     At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
     `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
-    general path without its [B, k+1, V] work. In invariant mode the target's tokens are given
-    the same way and the rule is the same (beta is then whether each proposal was its token)."""
-    k = draft_token_ids.shape[1]
-    if params.greedy or params.sampling == "invariant":
+    general path without its [B, k+1, V] work. Invariant rows take the same path on the
+    target's invariant choices (beta is then whether each proposal was its token). The other
+    rows run `verify`, each drawing from its own stream; with a deterministic drafter (q
+    one-hot) a row then keeps only the numbers of the tokens it commits, one each, so it
+    commits the tokens of plain sampling with its seed, whatever was proposed."""
+    batch, k = draft_token_ids.shape
+    if scores.dim() == 2:  # every row greedy: the argmax ids
         output, num_accepted = verify_greedy(draft_token_ids, scores)
-        if draft_probs is None or not params.greedy:  # q one-hot at the proposal; invariant: whether it was the target's token
+        if draft_probs is None:  # q one-hot at the proposal
             return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
         return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
     if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
         raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
-    target_probs = process_logits(scores, params)  # [B, k+1, V]
-    output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, generator)
-    return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
+    target_probs = sampling.process(scores)  # [B, k+1, V]
+    rejection = sampling.rows("rejection")
+    streams, drawn = sampling.streams, sampling.streams.counters.clone()  # [B] numbers each row had drawn
+    if len(rejection) == batch:  # the common case: no row to pick out
+        output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
+        if draft_probs is None:  # coupled form: one number per committed token, the rest unread
+            streams.counters = drawn + num_accepted + 1
+        return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
+    positions = torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)  # [B, k+1]
+    target_ids = sampling.draw(target_probs, positions, modes=("invariant",))  # [B, k+1]: argmax or invariant choice
+    output, num_accepted = verify_greedy(draft_token_ids, target_ids)
+    beta = (draft_token_ids == target_ids[:, :k]).float()  # [B, k]
+    if draft_probs is not None:  # greedy rows: beta = q(argmax)
+        greedy = torch.tensor(sampling.rows("greedy"), dtype=torch.long, device=scores.device)
+        beta[greedy] = draft_probs[greedy].gather(-1, target_ids[greedy, :k, None]).squeeze(-1)
+    if rejection:
+        index = torch.tensor(rejection, device=scores.device)
+        q = None if draft_probs is None else draft_probs[index]
+        p = target_probs[index]
+        rows_output, rows_accepted = verify(draft_token_ids[index], q, p, streams.select(rejection))
+        output[index], num_accepted[index] = rows_output, rows_accepted
+        if q is None:
+            streams.counters[index] = drawn[index] + rows_accepted + 1
+        beta[index] = acceptance_probability(draft_token_ids[index], q, p)
+    return output, num_accepted, beta
 
 
 @torch.no_grad()
 def generate(
     target: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     drafter: Drafter | None = None,
     k: int | DraftLengthPolicy = 4,
     stats: SpecStats | None = None,
@@ -125,23 +147,24 @@ def generate(
     """Yield, after each target pass, the tokens newly committed to each row ([] for none).
 
     `target` is a causal LM with `new_cache`, `prefill` and `forward(input_ids, cache)`;
-    `drafter` follows the `Drafter` protocol. `k` is a draft length or a policy that picks
-    one before every iteration (control.AdaptiveLength). Rows accept different counts per
-    step; a row stops exactly at params.max_new_tokens or at a stop token (which it includes).
+    `drafter` follows the `Drafter` protocol. `params` is one `SamplingParams` for every row
+    or one per prompt (each row its own settings, budget, stop tokens and seed: `RowSampling`).
+    `k` is a draft length or a policy that picks one before every iteration
+    (control.AdaptiveLength). Rows accept different counts per step; a row stops exactly at
+    its max_new_tokens or at one of its stop tokens (which it includes).
     """
     policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
     if drafter is None:
         policy = FixedLength(0)
     prompts = _check_prompts(prompts, target.vocab_size)
-    check_context(target, prompts, params.max_new_tokens)
     device, batch = target.device, len(prompts)
+    sampling = RowSampling(params, batch, device)
+    rows_params = sampling.params
+    check_context(target, prompts, [p.max_new_tokens for p in rows_params])
     stats = stats if stats is not None else SpecStats()
     requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
     started = time.perf_counter()
-    max_length = max(map(len, prompts)) + params.max_new_tokens + policy.k_max + 1
-    generator = make_generator(params.seed, device)
-    if params.sampling == "invariant" and params.seed is None:  # the noise needs a seed: one from fresh entropy
-        params = replace(params, seed=int(torch.randint(0, 2**62, (1,), generator=generator)))
+    max_length = max(len(p) + r.max_new_tokens for p, r in zip(prompts, rows_params)) + policy.k_max + 1
     cache = target.new_cache(batch, max_length)
     target.prefill([p[:-1] for p in prompts], cache)
     if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
@@ -156,7 +179,7 @@ def generate(
     pending = torch.tensor(pending_ids, device=device)  # [B]
     active = [True] * batch
     # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
-    compiled = target.compiled_step(cache, drafter, params, prompts, policy.k_max, generator) if hasattr(target, "compiled_step") else None
+    compiled = target.compiled_step(cache, drafter, sampling, prompts, policy.k_max) if hasattr(target, "compiled_step") else None
     try:
         while any(active):
             k = min(max(policy.choose(), 0), policy.k_max)
@@ -168,17 +191,17 @@ def generate(
                 rows = list(zip(committed, accepted, betas))
             else:
                 if drafter is not None:
-                    draft_token_ids, draft_probs = drafter.propose(k, params, generator)  # [B, k], [B, k, V]
+                    draft_token_ids, draft_probs = drafter.propose(k, sampling)  # [B, k], [B, k, V]
                     k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
                 else:
                     draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
                 _sync(device)
                 t1 = time.perf_counter()
                 start_lengths = cache.host_lengths
-                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, params, start_lengths)  # [B, k+1(, V)]
+                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, sampling)  # [B, k+1(, V)]
                 _sync(device)
                 t2 = time.perf_counter()
-                output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, params, generator)  # [B, k+1], [B], [B, k]
+                output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, sampling, start_lengths)  # [B, k+1], [B], [B, k]
                 host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
                 accepted = [int(row[k + 1]) for row in host]
                 rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
@@ -195,8 +218,8 @@ def generate(
                 for i in range(min(n + 1, k)):
                     beta_sums[i] += beta_row[i]
                     verified[i] += 1
-                budget = params.max_new_tokens - request.generated_tokens
-                tokens, reason = _cut(tokens, budget, params.stop_token_ids)
+                budget = rows_params[row].max_new_tokens - request.generated_tokens
+                tokens, reason = _cut(tokens, budget, rows_params[row].stop_token_ids)
                 request.generated_tokens += len(tokens)
                 request.finish_reason = reason
                 chunk[row] = tokens
@@ -226,7 +249,7 @@ def generate(
 def generate_all(
     target: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     drafter: Drafter | None = None,
     k: int | DraftLengthPolicy = 4,
     stats: SpecStats | None = None,

@@ -8,8 +8,14 @@ Vocabulary (as in vLLM's rejection sampler):
 Every step therefore outputs 1..k+1 tokens, each distributed exactly as the target's.
 
 p is the target's processed distribution, q the draft's; a deterministic drafter
-(`draft_probs=None`) has q one-hot at its proposal. Greedy (one-hot p) reduces to
-"accept while the draft equals the target's argmax, then emit the argmax".
+(`draft_probs=None`) has q one-hot at its proposal x, and the rule is then run in its coupled
+form: t_i ~ p_i, accept while t_i == x_i, commit t_i at the first difference (accepted with
+probability p_i(x_i) = min(1, p/q); the committed t_i is drawn from p_i without x_i, which is
+normalize(max(p_i - q_i, 0))). It uses one random number per position, so a row that commits
+n tokens needs only the first n of them: the engine's per-row streams then give a
+deterministic drafter the tokens of plain sampling with the same seed, whatever it proposed.
+Greedy (one-hot p) reduces to "accept while the draft equals the target's argmax, then emit
+the argmax".
 Pure tensor functions: no loops over rows or positions, no host synchronisation.
 """
 
@@ -17,14 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import sample
+from .sampling import Generators, sample, uniform
 
 
 def verify(
     draft_token_ids: torch.Tensor,  # [B, k] long
     draft_probs: torch.Tensor | None,  # [B, k, V] float32, or None: q one-hot at the proposal
     target_probs: torch.Tensor,  # [B, k+1, V] float32, processed with the same SamplingParams
-    generator: torch.Generator | None = None,
+    generator: Generators = None,  # one for the batch, or one per row (row b then draws from generator[b] alone)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (output_token_ids [B, k+1], num_accepted [B]).
 
@@ -32,10 +38,12 @@ def verify(
     then -1. num_accepted counts accepted draft tokens only (0..k).
     """
     batch, k = draft_token_ids.shape
+    if draft_probs is None:  # q one-hot: the target's own draws, accepted while they equal the proposals
+        return verify_greedy(draft_token_ids, sample(target_probs, generator))  # one draw per position
     ids = draft_token_ids[..., None]  # [B, k, 1]
     p_draft = target_probs[:, :k].gather(-1, ids)  # p_i(x_i)   [B, k, 1]
-    u = torch.rand(p_draft.shape, dtype=torch.float64, generator=generator, device=p_draft.device)
-    uq = u if draft_probs is None else u * draft_probs.gather(-1, ids)  # float64 (u is)
+    u = uniform(tuple(p_draft.shape), generator, p_draft.device)  # [B, k, 1] float64
+    uq = u * draft_probs.gather(-1, ids)  # float64 (u is)
     accepted = uq < p_draft  # u < p/q without dividing by q, compared in float64   [B, k, 1]
     num_accepted = accepted.squeeze(-1).cumprod(dim=1).sum(dim=1)  # [B]
 
@@ -46,8 +54,8 @@ def verify(
     extra_probs = p_next
     if k > 0:
         at = num_accepted.clamp_max(k - 1)[:, None]  # [B, 1] the rejected position (any, for rows that took the bonus)
-        q_next = None if draft_probs is None else draft_probs.gather(1, at[..., None].expand(batch, 1, vocab))  # [B, 1, V]
-        residual = _residual_probs(draft_token_ids.gather(1, at), q_next, p_next)  # [B, 1, V]
+        q_next = draft_probs.gather(1, at[..., None].expand(batch, 1, vocab))  # [B, 1, V]
+        residual = _residual_probs(q_next, p_next)  # [B, 1, V]
         extra_probs = torch.where((num_accepted < k)[:, None, None], residual, p_next)
     extra_token = sample(extra_probs[:, 0], generator)  # [B]
 
@@ -79,8 +87,7 @@ def _at(probs: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _residual_probs(
-    draft_token_ids: torch.Tensor,  # [B, k]
-    draft_probs: torch.Tensor | None,  # [B, k, V] or None
+    draft_probs: torch.Tensor,  # [B, k, V]
     target_probs: torch.Tensor,  # [B, k, V]
 ) -> torch.Tensor:
     """max(p - q, 0) per position [B, k, V], unnormalized: `sample` draws in proportion to
@@ -89,10 +96,7 @@ def _residual_probs(
     Where p - q has no positive mass, a rejection has probability zero; p is returned there
     so that every row can be drawn from.
     """
-    if draft_probs is None:  # q one-hot: remove the proposal's mass from p
-        residual = target_probs.scatter(-1, draft_token_ids.unsqueeze(-1), 0.0)
-    else:
-        residual = (target_probs - draft_probs).clamp_min(0.0)
+    residual = (target_probs - draft_probs).clamp_min(0.0)
     return torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, target_probs)
 
 

@@ -1,7 +1,9 @@
 """Logits -> the processed distribution a token is actually drawn from; seeded draws.
 
-Owns: `process_logits` (temperature, top-k, top-p, min-p, greedy as one-hot) and `sample`
-(an exact draw from a probability tensor, driven by an explicit `torch.Generator`).
+Owns: `process_logits` (temperature, top-k, top-p, min-p, greedy as one-hot), `sample`
+(an exact draw from a probability tensor, driven by an explicit `torch.Generator`, or one
+generator per row) and `RowSampling` (a batch's settings and random streams, one per row: a
+seeded row draws only from its own stream, so its numbers do not depend on the other rows).
 The distribution returned here is the one the token is drawn from, in float32: the draft
 declares exactly this tensor as q, and the target's p is computed by the same function with
 the same parameters. Knows nothing of models, caches or speculation.
@@ -9,11 +11,17 @@ the same parameters. Knows nothing of models, caches or speculation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import torch
 
 from .config import SamplingParams
+from .streams import RowStreams, fresh_seed
 
-__all__ = ["SamplingParams", "process_logits", "sample", "make_generator"]
+__all__ = ["SamplingParams", "RowSampling", "process_logits", "sample", "uniform", "make_generator", "row_seed"]
+
+Generators = torch.Generator | RowStreams | None  # one stream for all rows, or one per row (streams.py)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -47,7 +55,15 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def uniform(shape: tuple[int, ...], generator: Generators, device: torch.device | str) -> torch.Tensor:
+    """u ~ U[0, 1) in float64 of the given shape. With per-row streams (`RowStreams` or a
+    selection of one, shape[0] rows) row b's numbers come from its own stream alone."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
+    return generator.uniform(shape)
+
+
+def sample(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One exact draw per row from probs [..., V] -> LongTensor [...]. Rows need not sum to
     one: any nonnegative weights with a positive sum are drawn from in proportion.
 
@@ -56,10 +72,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     running sum rounds at 1e-16, so each token is drawn with its probability to that precision.
     A token with p = 0 does not raise the cumulative mass and is never drawn. One random number
     per row (an exponential race needs V of them: 10x slower at V = 8192). No host sync.
+    With per-row streams (probs [B, ..., V]), row b draws from its own stream alone.
     """
     cdf = probs.double().cumsum(dim=-1)  # [..., V]
     total = cdf[..., -1:]  # [..., 1]
-    u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
+    u = uniform(tuple(total.shape), generator, probs.device)
     point = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # < total, even after rounding
     return torch.searchsorted(cdf, point, right=True).squeeze(-1)
 
@@ -72,3 +89,90 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         generator.manual_seed(seed)
     return generator
+
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def row_seed(seed: int, row: int) -> int:
+    """Row `row`'s seed when one seed is given for a whole batch (row 0 keeps it)."""
+    return (seed + row * _GOLDEN) % 2**63
+
+
+def _settings(params: SamplingParams) -> tuple:
+    """What process_logits and the rule read: rows that share it are processed together."""
+    return (params.temperature, params.top_k, params.top_p, params.min_p, params.sampling if not params.greedy else "greedy")
+
+
+class RowSampling:
+    """A batch's sampling settings and random streams, one per row.
+
+    `RowSampling(params, batch, device)`: one `SamplingParams` for every row (a seed s gives row
+    b the seed row_seed(s, b), so rows are independent draws), or a sequence of one per row
+    (each row its own seed: equal seeds and prompts give equal rows, as vLLM's per-request
+    seeds). Row b draws only from its own stream (`streams`, seeded by seeds[b]: fresh entropy
+    where its seed is None), and its invariant-mode noise is keyed by seeds[b]: a seeded row's
+    numbers never depend on the other rows."""
+
+    def __init__(self, params: SamplingParams | Sequence[SamplingParams], batch: int, device: torch.device | str = "cpu"):
+        if isinstance(params, SamplingParams):
+            rows = [params if params.seed is None else replace(params, seed=row_seed(params.seed, b)) for b in range(batch)]
+        else:
+            rows = list(params)
+            if len(rows) != batch or not all(isinstance(p, SamplingParams) for p in rows):
+                raise ValueError(f"params must be one SamplingParams or one per prompt ({batch}), got {len(rows)} items")
+        self.params: list[SamplingParams] = rows
+        self.seeds = [p.seed if p.seed is not None else fresh_seed() for p in rows]
+        self.streams = RowStreams(self.seeds, device)
+        groups: dict[tuple, list[int]] = {}
+        for b, p in enumerate(rows):
+            groups.setdefault(_settings(p), []).append(b)
+        self.groups = [(rows[members[0]], members) for members in groups.values()]  # (settings, rows)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @property
+    def shared(self) -> SamplingParams | None:
+        """The settings of every row when they are all the same (seeds aside), else None."""
+        return self.groups[0][0] if len(self.groups) == 1 else None
+
+    @property
+    def greedy(self) -> bool:
+        """Every row at temperature 0."""
+        return all(p.greedy for p in self.params)
+
+    def rows(self, mode: str) -> list[int]:
+        """The rows whose rule is `mode`: "greedy" (temperature 0), "invariant" or "rejection"."""
+        return [b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members]
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """process_logits of each row with its own settings: logits [B, ..., V] -> probs [B, ..., V] float32."""
+        if len(self.groups) == 1:
+            return process_logits(logits, self.groups[0][0])
+        probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        for settings, members in self.groups:
+            index = torch.tensor(members, device=logits.device)
+            probs[index] = process_logits(logits[index], settings)
+        return probs
+
+    def draw(self, probs: torch.Tensor, positions: torch.Tensor, modes: tuple[str, ...] = ("invariant", "rejection")) -> torch.Tensor:
+        """Each row's tokens from its processed distributions probs [B, T, V] at absolute
+        positions [B, T]: the argmax at temperature 0, the invariant choice (`invariant.choose`)
+        in invariant mode, else draws from the row's own generator. [B, T] long. Rows of a mode
+        not in `modes` get the argmax and use no random numbers."""
+        from .invariant import choose
+
+        tokens = probs.argmax(dim=-1)  # [B, T] (greedy rows: the one-hot's token)
+        for mode in modes:
+            rows = self.rows(mode)
+            if not rows:
+                continue
+            index = torch.tensor(rows, device=probs.device)
+            if mode == "invariant":
+                seeds = torch.tensor([self.seeds[b] for b in rows], device=probs.device)
+                chosen = choose(probs[index], seeds, positions[index])
+            else:
+                chosen = sample(probs[index], self.streams if len(rows) == len(self) else self.streams.select(rows))
+            tokens = chosen if len(rows) == len(self) else tokens.index_copy(0, index, chosen)
+        return tokens

@@ -13,7 +13,8 @@
  * q = softmax(draft logits / T), p = softmax(target logits / T), x_i ~ q_i, accepted while
  * u_i q_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q_i, 0)
  * (p_i where that has no mass), after k acceptances from p_{k+1} (rejection.verify). Draws
- * are inverse-transform in double from a splitmix64 stream (*rng), as sampling.sample.
+ * are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as sampling.sample
+ * with one generator per row: a row's numbers never depend on the other rows.
  *
  * Compiled with -ffast-math (the reductions and expf vectorize only with reassociation; logits
  * are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
@@ -202,7 +203,7 @@ int32_t verispec_step(
             if (sampled) {
                 float *q = draft_probs + ((size_t)b * k + i) * draft_vocab;
                 top = softmax(logits, draft_vocab, temperature, q);
-                proposals[b * k + i] = draw(q, draft_vocab, rng);
+                proposals[b * k + i] = draw(q, draft_vocab, rng + b);
             } else {
                 proposals[b * k + i] = argmax(logits, draft_vocab, p_min > 0 ? &top : 0);
             }
@@ -231,7 +232,7 @@ int32_t verispec_step(
         int32_t n = 0;
         if (sampled) {
             n = rule(target, at, drafted, proposals + b * k, draft_probs + (size_t)b * k * vocab, vocab, temperature,
-                     scratch, scratch + vocab, rng, output + b * (k + 1), beta + b * k);
+                     scratch, scratch + vocab, rng + b, output + b * (k + 1), beta + b * k);
         } else {
             for (;; n++) {
                 output[b * (k + 1) + n] = argmax(llama_get_logits_ith(target, at + n), vocab, 0);

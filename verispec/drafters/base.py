@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..config import SamplingParams
+from ..sampling import RowSampling
 
 
 @runtime_checkable
@@ -28,13 +28,13 @@ class Drafter(Protocol):
     def start(self, prompts: list[list[int]], max_length: int) -> None:
         """Begin a batch: prompts [B][len_b] are committed; sequences will not exceed max_length."""
 
-    def propose(
-        self, k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return draft_token_ids [B, k'] and draft_probs [B, k', V] (float32) or None, k' <= k
         (the same for every row; fewer when it has nothing worth proposing).
 
-        draft_probs must be exactly the distribution each token was drawn from.
+        `sampling` holds each row's settings and random stream: row b's q is processed with
+        sampling.params[b] and drawn with sampling.draw (its own generator, or its invariant
+        choice). draft_probs must be exactly the distribution each token was drawn from.
         """
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:

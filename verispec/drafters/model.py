@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import SamplingParams
-from ..invariant import choose
 from ..models.llama import KVCache
-from ..sampling import process_logits, sample
+from ..sampling import RowSampling
 
 
 class ModelDrafter:
@@ -66,7 +64,7 @@ class ModelDrafter:
             self.pending_count = [1] * len(self._prompts)
 
     @torch.no_grad()
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.cache is not None, "start() first"
         batch = self.cache.batch_size
         self._start_lengths = self.cache.host_lengths
@@ -74,7 +72,7 @@ class ModelDrafter:
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         width = max(self.pending_count)
-        if params.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
+        if sampling.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
             draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache,
                                                              self.confidence_threshold, self._live.numpy())  # [B, k]
             self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
@@ -83,30 +81,26 @@ class ModelDrafter:
         if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
         token_ids, probs = [], []
-        invariant = params.sampling == "invariant" and not params.greedy
-        if invariant:  # the noise of row b's proposal i is at position committed[b] + i, as the target's
-            rows = torch.arange(batch, device=self.pending.device)
-            committed = torch.tensor([n + c for n, c in zip(self._start_lengths, self.pending_count)], device=rows.device)  # [B]
+        keep_probs = bool(sampling.rows("rejection"))  # greedy and invariant rows: q one-hot at the proposal
+        # Proposal i of row b is at absolute position committed[b] + i, where the target's noise for it is (invariant mode).
+        committed = torch.tensor([n + c for n, c in zip(self._start_lengths, self.pending_count)], device=self.pending.device)  # [B]
         for i in range(k):
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
-            if params.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
+            if sampling.greedy:  # q is one-hot at the argmax (as process_logits makes it): its token needs no draw
                 token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
                 top = torch.softmax(logits[:, -1].float(), dim=-1).amax(dim=-1) if self.confidence_threshold else None
-            elif invariant:  # the target's noise at the same position: q one-hot at its choice
-                q = process_logits(logits[:, -1], params)  # [B, V]
-                token_ids.append(choose(q[:, None], params.seed, rows, committed[:, None] + i)[:, 0])
-                top = q.amax(dim=-1) if self.confidence_threshold else None
-            else:
-                q = process_logits(logits[:, -1], params)  # [B, V], the distribution drawn from
-                token_ids.append(sample(q, generator))
-                probs.append(q)
-                top = q.amax(dim=-1) if self.confidence_threshold else None
+            else:  # each row by its own settings: a draw from its own generator, or its invariant choice
+                q = sampling.process(logits[:, -1:])  # [B, 1, V], the distribution drawn from
+                token_ids.append(sampling.draw(q, committed[:, None] + i)[:, 0])
+                if keep_probs:
+                    probs.append(q[:, 0])
+                top = q[:, 0].amax(dim=-1) if self.confidence_threshold else None
             if top is not None and bool((top[self._live] < self.confidence_threshold).all()):  # rows that are done do not count
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
-        # greedy and invariant: q is one-hot at each proposal, which is what draft_probs = None declares
+        # every row greedy or invariant: q is one-hot at each proposal, which is what draft_probs = None declares
         return draft_token_ids, (torch.stack(probs, dim=1) if probs else None)  # [B, k', V]
 
     def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:

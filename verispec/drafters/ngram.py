@@ -31,7 +31,7 @@ import itertools
 
 import torch
 
-from ..config import SamplingParams
+from ..sampling import RowSampling
 
 
 class PromptLookupDrafter:
@@ -69,7 +69,7 @@ class PromptLookupDrafter:
         return self.tokens[row, : self.host_lengths[row]].tolist()
 
     @torch.no_grad()
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, None]:
+    def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, None]:
         """draft_token_ids [B, k], or [B, 0] when no row matched (long), and None: q is one-hot."""
         assert self.tokens is not None, "start() first"
         proposal = self.tokens[:, :0]

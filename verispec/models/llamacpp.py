@@ -400,13 +400,13 @@ class LlamaCppModel:
         cache.set_lengths((ends + steps - 1).tolist())
         return torch.from_numpy(drafted[:, :steps])
 
-    def compiled_step(self, cache: LlamaCppCache, drafter, params, prompts: list[list[int]], k_max: int, generator):
+    def compiled_step(self, cache: LlamaCppCache, drafter, sampling, prompts: list[list[int]], k_max: int):
         """The engine's whole iteration with a llama.cpp draft (or none: plain decoding) as one
         compiled call (`llamacpp_step.CompiledStep`), or None where it does not apply or cannot
         be built."""
         from .llamacpp_step import CompiledStep
 
-        return CompiledStep.maybe(self, cache, drafter, params, prompts, k_max, generator)
+        return CompiledStep.maybe(self, cache, drafter, sampling, prompts, k_max)
 
     def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
         """Write ragged prompts [B][len_b] into an empty cache (no padding: llama.cpp batches are ragged)."""

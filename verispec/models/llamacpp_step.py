@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from . import llamacpp
 from .kernels import cache_root
@@ -109,25 +108,27 @@ def _capacity(cache, drafter) -> int:
 class CompiledStep:
     """Both models' state for the compiled step, over the caches of one `generate` call.
 
-    `maybe(target, cache, drafter, params, prompts, k_max, generator)` returns one when it
-    applies (a `LlamaCppModel` target; a `ModelDrafter` over a `LlamaCppModel` of the same
-    vocabulary, or no drafter: plain decoding; temperature 0, or rejection sampling at a
-    temperature with no top-k, top-p or min-p; the compiled step loaded; B*(k+1) positions in
-    one llama.cpp batch of both contexts); `step(k)` runs one iteration for
+    `maybe(target, cache, drafter, sampling, prompts, k_max)` returns one when it applies (a
+    `LlamaCppModel` target; a `ModelDrafter` over a `LlamaCppModel` of the same vocabulary, or
+    no drafter: plain decoding; every row with the same settings: temperature 0, or rejection
+    sampling at a temperature with no top-k, top-p or min-p; the compiled step loaded; B*(k+1)
+    positions in one llama.cpp batch of both contexts); `step(k)` runs one iteration for
     the active rows and returns (committed tokens per row, num_accepted per row, beta per row,
     proposals made, seconds drafting). Rows that finish are `retire`d: they take no part in
     later steps and their caches stop growing. The drafter's own state is read at the start
-    and not kept up to date after. At T > 0 the random stream is the C code's, seeded from
-    `generator` (so a seed gives the same tokens each run, not the Python path's tokens)."""
+    and not kept up to date after. At T > 0 row b draws from its own splitmix64
+    stream, started where `RowStreams` starts it (so a seed gives the same tokens each run,
+    whatever the other rows; not the Python path's tokens, which draw in another order)."""
 
-    def __init__(self, function, target, cache, drafter, prompts: list[list[int]], params, k_max: int, seed: int):
+    def __init__(self, function, target, cache, drafter, prompts: list[list[int]], sampling, k_max: int):
         lib, batch = llamacpp._llama(), len(prompts)
         self._function, self._lib = function, lib
         self.target, self.cache = target, cache
         self.draft, self.draft_cache = (drafter.model, drafter.cache) if drafter is not None else (None, None)
         self.capacity = _capacity(cache, drafter)
         self._batches = [lib.llama_batch_init(self.capacity, 0, 1) for _ in range(2)]
-        width = max(len(p) for p in prompts) + params.max_new_tokens + 2  # pending tokens: a whole prompt, then k = 0 steps
+        params = sampling.shared
+        width = max(len(p) + r.max_new_tokens for p, r in zip(prompts, sampling.params)) + 2  # pending tokens: a whole prompt, then k = 0 steps
         self.draft_pending = np.zeros((batch, width), np.int32)
         self.draft_count = np.ones(batch, np.int32)
         self.draft_length = np.zeros(batch, np.int32)
@@ -145,7 +146,7 @@ class CompiledStep:
         self.seconds = np.zeros(2)
         self.sampled = not params.greedy
         vocab = target.vocab_size if self.sampled else 0
-        self.rng = np.array([seed], np.uint64)
+        self.rng = sampling.streams.keys.numpy().view(np.uint64).copy()  # row b's splitmix64 state: its stream's key
         self.draft_probs = np.zeros(batch * k_max * vocab, np.float32)  # q of every proposal (T > 0)
         self.scratch = np.zeros(2 * vocab, np.float32)
         self.beta = np.zeros(batch * max(k_max, 1), np.float64)
@@ -157,9 +158,12 @@ class CompiledStep:
                                             self.proposals, self.output, self.num_accepted, self.seconds)))
 
     @classmethod
-    def maybe(cls, target, cache, drafter, params, prompts: list[list[int]], k_max: int, generator) -> CompiledStep | None:
+    def maybe(cls, target, cache, drafter, sampling, prompts: list[list[int]], k_max: int) -> CompiledStep | None:
         from ..drafters.model import ModelDrafter
 
+        params = sampling.shared  # one setting for every row (seeds aside), or None
+        if params is None:
+            return None
         draft = getattr(drafter, "model", None)
         filtered = (0 < params.top_k < target.vocab_size) or params.top_p < 1.0 or params.min_p > 0.0
         drafts = drafter is None or (type(drafter) is ModelDrafter and isinstance(draft, llamacpp.LlamaCppModel)
@@ -169,8 +173,7 @@ class CompiledStep:
         function = _load()
         if function is None or len(prompts) * (k_max + 1) > _capacity(cache, drafter):
             return None
-        seed = 0 if params.greedy else int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
-        return cls(function, target, cache, drafter, prompts, params, k_max, seed)
+        return cls(function, target, cache, drafter, prompts, sampling, k_max)
 
     def step(self, k: int) -> tuple[list[list[int]], list[int], list[list[float]], int, float]:
         """One iteration of the active rows: (committed tokens [B][n_b + 1] (inactive rows: []),
