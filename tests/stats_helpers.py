@@ -11,10 +11,10 @@ of draws (a total-variation error delta gives a noncentrality of about 4 * N * d
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy import stats
+
+from verispec.chisquare import chi_square as _chi_square
 
 FALSE_FAILURE = 1e-9
 MIN_EXPECTED = 5.0
@@ -53,63 +53,16 @@ def counts_of(samples, vocab: int) -> np.ndarray:
     return np.bincount(ids, minlength=vocab)
 
 
-def _merge_cells(observed: np.ndarray, expected: np.ndarray, min_expected: float):
-    """Pool cells with expected < min_expected into one cell (smallest first), so that every
-    cell, the pooled one included, has expected >= min_expected (when the total allows)."""
-    order = np.argsort(expected, kind="stable")
-    exp_sorted, obs_sorted = expected[order], observed[order]
-    m = exp_sorted.size
-    i = 0
-    pool_e = pool_o = 0.0
-    while i < m and exp_sorted[i] < min_expected:  # all the small cells
-        pool_e += exp_sorted[i]
-        pool_o += obs_sorted[i]
-        i += 1
-    while 0 < pool_e < min_expected and i < m:  # the pool itself is too small: absorb the next smallest
-        pool_e += exp_sorted[i]
-        pool_o += obs_sorted[i]
-        i += 1
-    cells_e = list(exp_sorted[i:])
-    cells_o = list(obs_sorted[i:])
-    if pool_e > 0:
-        cells_e.insert(0, pool_e)
-        cells_o.insert(0, pool_o)
-    return np.asarray(cells_o, dtype=np.float64), np.asarray(cells_e, dtype=np.float64)
-
-
 def chi_square(counts, probs, min_expected: float = MIN_EXPECTED) -> tuple[float, int]:
-    """Pearson chi-square statistic and degrees of freedom of `counts` against the exact `probs`.
-
-    `probs` is normalised here (it need only be non-negative with a positive sum). Cells where
-    probs == 0 must be empty: a single draw there gives statistic = inf. Cells with expected
-    count < min_expected are merged (see `_merge_cells`); df = number of cells - 1. With a
-    single cell (df = 0) there is nothing left to test and the statistic is 0.
-    """
-    counts = to_numpy(counts).astype(np.float64).ravel()
-    probs = to_numpy(probs).astype(np.float64).ravel()
-    if counts.shape != probs.shape:
-        raise ValueError(f"counts {counts.shape} and probs {probs.shape} differ in length")
-    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
-        raise ValueError(f"probs must be finite, >= 0, with a positive sum: {probs}")
-    if np.any(counts < 0):
-        raise ValueError("counts must be >= 0")
-    n = counts.sum()
-    if n <= 0:
-        raise ValueError("no observations")
-    probs = probs / probs.sum()
-    support = probs > 0
-    observed, expected = _merge_cells(counts[support], n * probs[support], min_expected)
-    df = observed.size - 1
-    if counts[~support].sum() > 0:
-        return math.inf, df
-    if df <= 0:
-        return 0.0, 0
-    statistic = float(np.sum((observed - expected) ** 2 / expected))
-    return statistic, df
+    """Pearson chi-square statistic and degrees of freedom of `counts` against the exact `probs`
+    (tensors or arrays): verispec.chisquare.chi_square (cells with expected < min_expected
+    pooled; a draw where probs == 0 gives inf)."""
+    return _chi_square(to_numpy(counts), to_numpy(probs), min_expected)
 
 
 def threshold(df: int, false_failure: float = FALSE_FAILURE) -> float:
-    """The chi-square quantile exceeded with probability `false_failure` under the null."""
+    """The chi-square quantile exceeded with probability `false_failure` under the null (scipy's:
+    an independent check of verispec.chisquare.threshold, tests/test_check.py)."""
     if df <= 0:
         return 0.0
     return float(stats.chi2.isf(false_failure, df))

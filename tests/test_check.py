@@ -1,0 +1,98 @@
+"""`verispec check` (verispec/check.py) and the chi-square it uses (verispec/chisquare.py).
+
+- The threshold equals scipy's chi-square quantile; the detectable TV error shrinks as 1/sqrt(n).
+- One position verified n times passes against p in both modes and with a deterministic
+  drafter, and fails with the planted bug (recovered tokens drawn from p).
+- On the toy pair the whole check passes (exit 0, every part, the negative control caught),
+  for a draft model and prompt lookup; with a real bug in the rule it fails (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from verispec import check as check_module
+from verispec import rejection
+from verispec.chisquare import chi_square, detectable_tv, threshold
+from verispec.cli import main
+from verispec.config import SamplingParams
+from verispec.models.toy import make_toy_pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("df", [1, 2, 7, 100, 3000])
+def test_threshold_is_scipys_chi_square_quantile(df):
+    assert threshold(df) == pytest.approx(stats.chi2.isf(1e-9, df), rel=1e-9)
+    assert threshold(df, 0.05) == pytest.approx(stats.chi2.isf(0.05, df), rel=1e-9)
+
+
+def test_detectable_tv_shrinks_as_one_over_root_n():
+    assert detectable_tv(400_000, 50) == pytest.approx(detectable_tv(100_000, 50) / 2)
+    assert detectable_tv(10, 0) == float("inf")
+
+
+def _pq(vocab: int = 40, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.softmax(2 * torch.randn(vocab, generator=generator), -1)
+    q = torch.softmax(2 * torch.randn(vocab, generator=generator), -1)
+    return p, q
+
+
+@pytest.mark.parametrize("mode", ["rejection", "invariant"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_one_position_verified_n_times_is_distributed_as_p(mode, deterministic):
+    p, q = _pq()
+    proposal = int(p.argmax())
+    counts, accepted = check_module.verify_position(p, None if deterministic else q, proposal, SamplingParams(), 50_000, 1, mode)
+    statistic, df = chi_square(counts, p.double().numpy())
+    assert statistic <= threshold(df) and counts.sum() == 50_000
+    if mode == "rejection":  # acceptance: p(x) for one-hot q, sum min(p, q) otherwise
+        beta = float(p[proposal]) if deterministic else float(torch.minimum(p, q).sum())
+        assert abs(accepted / 50_000 - beta) < 6 * np.sqrt(beta * (1 - beta) / 50_000)
+
+
+def test_the_planted_bug_fails_the_same_test():
+    p, q = _pq()
+    with check_module._residual_from_p():
+        counts, _ = check_module.verify_position(p, q, 0, SamplingParams(), 50_000, 2, "rejection")
+    statistic, df = chi_square(counts, p.double().numpy())
+    assert statistic > 3 * threshold(df)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_toy_pair(tmp_path_factory.mktemp("toy"))
+
+
+def _check(toy, tmp_path, *extra):
+    target, draft = toy
+    out = tmp_path / "check.json"
+    code = main(["check", "--target", str(target), "--backend", "torch", "--draws", "20000", "--seeds", "16", "--k", "3",
+                 "--max-new-tokens", "12", "--json", str(out), *extra])
+    return code, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
+    prompts = tmp_path / "prompts.jsonl"  # prompt lookup needs text that repeats: the third and fourth lines
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ["def f(x):", "import os", "abc abd abc ab", "x = x + 1; x = x + "]))
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]) if draft == "model" else "ngram", "--prompts", str(prompts),
+                          "--temperature", "0.8", "--top-p", "0.95")
+    printed = capsys.readouterr().out
+    assert code == 0 and report["passed"] and "PASSED" in printed, printed
+    assert len(report["tests"]) >= (6 if draft == "model" else 1) and all(t["passed"] for t in report["tests"])
+    assert report["control"]["passed"] and report["control"]["planted_tv"] > 0
+    assert report["invariant"] == {"rows": 16, "equal": 16, "passed": True} and report["greedy"]["passed"]
+
+
+def test_the_check_fails_when_the_rule_is_wrong(toy, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rejection, "_residual_probs", lambda draft_probs, target_probs: target_probs)
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--contexts", "1")
+    assert code == 1 and not report["passed"] and "FAILED" in capsys.readouterr().out
+    assert not all(t["passed"] for t in report["tests"])

@@ -1,0 +1,237 @@
+"""`verispec check`: certify, on the user's own target, draft and settings, that decoding is lossless.
+
+Owns `run_check` and its four parts, each a pass/fail with the numbers behind it:
+(a) the rule at real contexts: for each context (a prompt and the target's greedy continuation
+    of it) and each of the first k draft positions along the draft's most likely proposals,
+    the models' actual p and q (processed with the user's settings), then N verifications of
+    that position by the engine's own functions (`sample` on per-row streams, `verify`; in
+    invariant mode `invariant.choose` and `verify_greedy`); the committed token must be
+    distributed as p: Pearson chi-square, small cells pooled, at a 1e-9 false-failure rate,
+    with the smallest total-variation error the test detects;
+(b) invariant mode: speculative output equals plain output token for token, M seeds;
+(c) greedy: speculative output equals plain output;
+(d) the negative control: (a) again at its least accepted position with a planted bug
+    (the recovered token drawn from p instead of normalize(max(p - q, 0))) must fail.
+A deterministic drafter (prompt lookup) has q one-hot at its proposal; positions where it
+proposes nothing are not tested. Knows nothing of the command line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from . import rejection
+from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
+from .config import SamplingParams
+from .engine import generate_all
+from .invariant import choose
+from .sampling import RowSampling, row_seed, sample
+from .streams import RowStreams
+
+CHUNK = 4096  # verifications per tensor pass: [CHUNK, V] float64 work arrays
+
+
+@dataclass
+class PositionTest:
+    context: int  # which context (0-based)
+    position: int  # draft position, 1-based
+    proposal: int | None  # the deterministic drafter's proposal (None: drawn from q)
+    beta: float  # sum min(p, q): the exact acceptance probability
+    accepted: float  # the observed acceptance rate
+    statistic: float
+    df: int
+    threshold: float
+    detectable_tv: float  # the smallest TV error this test detects about half of the time
+    passed: bool
+
+
+@dataclass
+class CheckReport:
+    settings: dict
+    draws: int
+    tests: list[PositionTest] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # what could not be tested, and why
+    invariant: dict | None = None  # (b): rows compared, rows equal
+    greedy: dict | None = None  # (c)
+    control: dict | None = None  # (d)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        parts = [all(t.passed for t in self.tests)]
+        parts += [part["passed"] for part in (self.invariant, self.greedy, self.control) if part is not None]
+        return all(parts) and (bool(self.tests) or self.settings["temperature"] == 0)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _drafts_from_model(drafter) -> bool:
+    return hasattr(drafter, "model")
+
+
+def _prefilled(model, context: list[int], room: int):
+    """A one-row cache holding context[:-1] (context[-1] is the next input), with room for more."""
+    cache = model.new_cache(1, len(context) + room + 2)
+    if len(context) > 1:
+        model.prefill([context[:-1]], cache)
+    return cache
+
+
+def _chain(target, drafter, context: list[int], k: int, sampling: RowSampling):
+    """Along the draft's most likely proposals: (proposals [k'], p [k', V], q [k', V] or None)."""
+    if _drafts_from_model(drafter):
+        model, proposals, q = drafter.model, [], []
+        cache = _prefilled(model, context, k)
+        logits = model(torch.tensor([[context[-1]]], device=model.device), cache)[0, -1:]  # [1, V]
+        for i in range(k):
+            q.append(sampling.process(logits.float()[None])[0, 0])  # [V]
+            proposals.append(int(q[-1].argmax()))
+            if i + 1 < k:
+                logits = model(torch.tensor([[proposals[-1]]], device=model.device), cache)[0, -1:]
+        q = torch.stack(q)
+    else:  # deterministic: what it proposes after the context
+        drafter.start([context], len(context) + k + 2)
+        proposals, q = drafter.propose(k, sampling)[0][0].tolist(), None
+    ids = torch.tensor([[context[-1], *proposals[:-1]]], device=target.device)  # p_i: after context + x_1..x_{i-1}
+    p = sampling.process(target(ids, _prefilled(target, context, k)).float())[0][: len(proposals)]  # [k', V]
+    return proposals, p, q
+
+
+def verify_position(p: torch.Tensor, q: torch.Tensor | None, proposal: int, params: SamplingParams, n: int, seed: int,
+                    mode: str) -> tuple[np.ndarray, int]:
+    """n verifications of one position with target distribution p [V] and draft distribution q
+    [V] (None: q one-hot at `proposal`), in chunks, each row its own stream: (counts of the
+    committed token [V], acceptances)."""
+    vocab = p.shape[-1]
+    counts, accepted = np.zeros(vocab, dtype=np.int64), 0
+    for start in range(0, n, CHUNK):
+        rows = min(CHUNK, n - start)
+        seeds = [row_seed(seed, b) for b in range(start, start + rows)]
+        target_probs = p.expand(rows, 2, vocab)  # position i and (unused) i + 1
+        draft_probs = None if q is None else q.expand(rows, 1, vocab)
+        if mode == "invariant":
+            keys = torch.tensor(seeds)
+            positions = torch.zeros(rows, 1, dtype=torch.long)
+            x = torch.full((rows, 1), proposal) if q is None else choose(draft_probs, keys, positions)
+            target_ids = choose(target_probs[:, :1], keys, positions)
+            output, num_accepted = rejection.verify_greedy(x, torch.cat([target_ids, target_ids], dim=1))
+        else:
+            streams = RowStreams(seeds)
+            x = torch.full((rows, 1), proposal) if q is None else sample(draft_probs, streams)
+            output, num_accepted = rejection.verify(x, draft_probs, target_probs, streams)
+        counts += np.bincount(output[:, 0].numpy(), minlength=vocab)
+        accepted += int(num_accepted.sum())
+    return counts, accepted
+
+
+def _test(context: int, position: int, proposal: int | None, p, q, counts, accepted: int, n: int) -> PositionTest:
+    beta = float(torch.minimum(p, q).sum()) if q is not None else float(p[proposal])
+    statistic, df = chi_square(counts, p.double().numpy())
+    limit = threshold(df)
+    return PositionTest(context, position, proposal, beta, accepted / n, statistic, df, limit, detectable_tv(n, df),
+                        statistic <= limit)
+
+
+@contextmanager
+def _residual_from_p():
+    """The planted bug of the negative control: the recovered token drawn from p."""
+    original = rejection._residual_probs
+    rejection._residual_probs = lambda draft_probs, target_probs: target_probs
+    try:
+        yield
+    finally:
+        rejection._residual_probs = original
+
+
+@torch.no_grad()
+def run_check(target, drafter, prompts: list[list[int]], params: SamplingParams, contexts: int = 2, k: int = 4,
+              n: int = 200_000, seeds: int = 200, max_new_tokens: int = 32, progress: Callable[[str], None] | None = None) -> CheckReport:
+    """All four parts on `contexts` of the prompts (token ids), each continued greedily by the
+    target for 16 tokens: (a) on the first ones where the drafter proposes, (b) and (c) on the
+    first ones. `params` holds the user's settings (temperature, top-k, top-p, min-p, sampling
+    mode, seed); `drafter` is a fresh drafter (it is reused across parts)."""
+    started = time.perf_counter()
+    say = progress or (lambda message: None)
+    seed = params.seed if params.seed is not None else 0
+    report = CheckReport(settings=asdict(params), draws=n)
+    greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
+    say(f"contexts: {len(prompts)} prompts, each continued by 16 greedy tokens of the target")
+    prompts = [c + t for c, t in zip(prompts, generate_all(target, prompts, replace(greedy, max_new_tokens=16)))]
+    single = RowSampling(replace(params, seed=seed), 1)
+    least = None  # (beta, context, position, p, q, proposal) of the least accepted position
+    if params.greedy:
+        report.skipped.append("(a), (d): at temperature 0 p is one-hot; (c) is the test")
+    else:
+        used = 0
+        for c, context in enumerate(prompts):
+            if used == contexts:
+                break
+            proposals, p, q = _chain(target, drafter, context, k, single)
+            used += bool(proposals)
+            if len(proposals) < k:
+                report.skipped.append(f"context {c + 1}: the drafter proposed {len(proposals)} of {k} tokens; "
+                                      + (f"positions {len(proposals) + 1}..{k} not tested" if proposals else "another prompt is used"))
+            for i, proposal in enumerate(proposals):
+                qi = None if q is None else q[i]
+                say(f"(a) context {c + 1}, position {i + 1}: {n:,} verifications")
+                counts, accepted = verify_position(p[i], qi, proposal, params, n, row_seed(seed, 1000 * c + i), params.sampling)
+                test = _test(c, i + 1, None if qi is not None else proposal, p[i], qi, counts, accepted, n)
+                report.tests.append(test)
+                if least is None or test.beta < least[0]:
+                    least = (test.beta, c, i + 1, p[i], qi, proposal)
+    if least is not None:  # (d): the same test with the planted bug, where it shows most
+        beta, c, position, p, q, proposal = least
+        q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()  # the residual path
+        say(f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens drawn from p")
+        with _residual_from_p():
+            counts, accepted = verify_position(p, q, proposal, params, n, row_seed(seed, 999_999), "rejection")
+        test = _test(c, position, None, p, q, counts, accepted, n)
+        planted = 0.5 * float((torch.minimum(p, q) + (1 - beta) * p - p).abs().sum())  # TV of the buggy rule's output from p
+        report.control = {"context": c, "position": position, "beta": beta, "planted_tv": planted, "statistic": test.statistic,
+                          "df": test.df, "threshold": test.threshold, "detectable_tv": test.detectable_tv, "passed": not test.passed}
+    if not params.greedy:
+        say(f"(b) invariant mode: {seeds} seeded rows, speculative against plain, {max_new_tokens} tokens")
+        rows = [prompts[b % contexts] for b in range(seeds)]
+        invariant = [replace(params, sampling="invariant", seed=seed + b, max_new_tokens=max_new_tokens) for b in range(seeds)]
+        plain = generate_all(target, rows, invariant)
+        spec = generate_all(target, rows, invariant, drafter, k=k)
+        equal = sum(a == b for a, b in zip(plain, spec))
+        report.invariant = {"rows": seeds, "equal": equal, "passed": equal == seeds}
+    say(f"(c) greedy: {contexts} contexts, speculative against plain, {max_new_tokens} tokens")
+    plain = generate_all(target, prompts[:contexts], greedy)
+    spec = generate_all(target, prompts[:contexts], greedy, drafter, k=k)
+    equal = sum(a == b for a, b in zip(plain, spec))
+    report.greedy = {"rows": len(plain), "equal": equal, "passed": equal == len(plain)}
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def format_report(report: CheckReport) -> list[str]:
+    """The report as lines of text."""
+    lines = [f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
+             f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):"]
+    for t in report.tests:
+        what = f"proposal {t.proposal}" if t.proposal is not None else "x ~ q"
+        lines.append(f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted {t.accepted:.3f}, "
+                     f"chi-square {t.statistic:.1f} (df {t.df}, threshold {t.threshold:.1f}), detects TV >= {t.detectable_tv:.4f}: "
+                     f"{'pass' if t.passed else 'FAIL'}")
+    lines += [f"    not tested: {reason}" for reason in report.skipped]
+    if report.control is not None:
+        c = report.control
+        lines.append(f"(d) negative control (recovered token drawn from p) at context {c['context'] + 1} position {c['position']}: "
+                     f"planted TV {c['planted_tv']:.4f}, chi-square {c['statistic']:.1f} (threshold {c['threshold']:.1f}): "
+                     f"{'caught' if c['passed'] else 'NOT CAUGHT (the planted error is below what the test detects)'}")
+    if report.invariant is not None:
+        i = report.invariant
+        lines.append(f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows: {'pass' if i['passed'] else 'FAIL'}")
+    g = report.greedy
+    lines.append(f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows: {'pass' if g['passed'] else 'FAIL'}")
+    lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
+    return lines
