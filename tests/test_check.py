@@ -83,16 +83,31 @@ def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
     prompts = tmp_path / "prompts.jsonl"  # prompt lookup needs text that repeats: the third and fourth lines
     prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ["def f(x):", "import os", "abc abd abc ab", "x = x + 1; x = x + "]))
     code, report = _check(toy, tmp_path, "--draft", str(toy[1]) if draft == "model" else "ngram", "--prompts", str(prompts),
-                          "--temperature", "0.8", "--top-p", "0.95")
+                          "--temperature", "0.8", "--top-p", "0.95", "--contexts", "2")
     printed = capsys.readouterr().out
     assert code == 0 and report["passed"] and "PASSED" in printed, printed
     assert len(report["tests"]) >= (6 if draft == "model" else 1) and all(t["passed"] for t in report["tests"])
     assert report["control"]["passed"] and report["control"]["planted_tv"] > 0
-    assert report["invariant"] == {"rows": 16, "equal": 16, "passed": True} and report["greedy"]["passed"]
+    assert report["invariant"] == {"rows": 16, "equal": 16, "near_ties": 0, "gaps": [], "passed": True}
+    assert report["greedy"] == {"rows": 4, "equal": 4, "passed": True}
+    assert len({t["context"] for t in report["tests"]}) == 2
 
 
 def test_the_check_fails_when_the_rule_is_wrong(toy, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(rejection, "_residual_probs", lambda draft_probs, target_probs: target_probs)
-    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--contexts", "1")
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]))
     assert code == 1 and not report["passed"] and "FAILED" in capsys.readouterr().out
     assert not all(t["passed"] for t in report["tests"])
+
+
+def test_invariant_rows_that_differ_by_more_than_a_near_tie_fail(toy, tmp_path, capsys, monkeypatch):
+    """The target's invariant choices read at the wrong positions in speculative passes only (a
+    real bug): rows differ, at gaps far above a floating-point near-tie, and (b) fails."""
+    from verispec.sampling import RowSampling
+
+    draw = RowSampling.draw
+    monkeypatch.setattr(RowSampling, "draw", lambda self, probs, positions, modes=("invariant", "rejection"):
+                        draw(self, probs, positions + (positions.shape[1] > 1 and modes == ("invariant",)), modes))
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--sampling", "invariant")
+    assert code == 1 and not report["invariant"]["passed"]
+    assert report["invariant"]["equal"] < 16 and min(report["invariant"]["gaps"]) > check_module.NEAR_TIE
