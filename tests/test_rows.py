@@ -7,8 +7,8 @@ settings, budget, stop tokens and random stream.
   control (u squared) that fails.
 - RowSampling: one seed for a batch gives row b the seed row_seed(seed, b); a list gives each
   row its own; each row is processed with its own settings.
-- The engine: a seeded row's tokens do not depend on the other rows (their prompts, seeds,
-  settings), in rejection and invariant modes, with a draft model, prompt lookup and none;
+- The engine: a seeded row gives the same tokens alone and in a batch of 16 rows with other
+  prompts, seeds, settings and budgets, in both modes, with a draft model, prompt lookup and none;
   equal seeds and prompts give equal rows; each row stops at its own budget and stop tokens.
 The joint distribution of a batch with mixed settings is tested in test_exactness.py.
 """
@@ -99,32 +99,40 @@ def test_each_row_is_processed_with_its_own_settings():
 # --- the engine -----------------------------------------------------------------------------
 
 PROMPT = [1, 2, 3, 1, 2]
-COMPANIONS = [[4, 0, 1, 4, 0], [2, 2, 3, 0, 1]]  # same length as PROMPT: the same padded shapes in every batch
 
 
 def _drafter(kind, drafts):
     return {"model": lambda: ModelDrafter(drafts["close"]), "ngram": PromptLookupDrafter, "none": lambda: None}[kind]()
 
 
+OTHER_SETTINGS = [dict(temperature=1.0), dict(temperature=0), dict(temperature=0.5, top_p=0.8), dict(temperature=1.2, top_k=3),
+                  dict(temperature=0.9, min_p=0.1), dict(temperature=0.7, sampling="invariant")]
+
+
+def _companions(rows: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """rows other prompts (PROMPT's length: the same padded shapes) with other settings, seeds and budgets."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, 5, (rows, len(PROMPT)), generator=generator).tolist()
+    settings = [SamplingParams(**OTHER_SETTINGS[(b + seed) % len(OTHER_SETTINGS)], seed=None if b % 3 == 0 else 1000 * seed + b,
+                               max_new_tokens=5 + (7 * b + seed) % 30) for b in range(rows)]
+    return prompts, settings
+
+
 @pytest.mark.parametrize("kind", ["model", "ngram", "none"])
 @pytest.mark.parametrize("mode", ["rejection", "invariant"])
-def test_a_seeded_rows_tokens_do_not_depend_on_the_other_rows(markov, kind, mode):
+def test_a_seeded_rows_tokens_are_the_same_alone_and_in_a_batch_of_16(markov, kind, mode):
     target, drafts = markov
     mine = SamplingParams(temperature=1.0, top_k=4, seed=42, max_new_tokens=24, sampling=mode)
-    others = [
-        [SamplingParams(temperature=1.0, seed=1, max_new_tokens=24)],
-        [SamplingParams(temperature=0, max_new_tokens=5, sampling=mode)],  # greedy, finishes early
-        [SamplingParams(temperature=0.5, top_p=0.8, max_new_tokens=30, sampling="invariant")],  # unseeded
-    ]
-    runs = []
-    for companion, other in zip([COMPANIONS[0], COMPANIONS[1], COMPANIONS[0]], others):
-        runs.append(generate_all(target, [PROMPT, companion], [mine, *other], _drafter(kind, drafts), k=3)[0])
-        runs.append(generate_all(target, [companion, PROMPT], [*other, mine], _drafter(kind, drafts), k=3)[1])
-    runs.append(generate_all(target, [PROMPT], [mine], _drafter(kind, drafts), k=3)[0])  # alone
+    runs = [generate_all(target, [PROMPT], [mine], _drafter(kind, drafts), k=3)[0]]  # alone
+    for seed, place in [(1, 0), (2, 7), (3, 15)]:
+        prompts, settings = _companions(15, seed)
+        prompts.insert(place, PROMPT)
+        settings.insert(place, mine)
+        runs.append(generate_all(target, prompts, settings, _drafter(kind, drafts), k=3)[place])
     assert all(run == runs[0] for run in runs), runs
     assert len(runs[0]) == 24
     # the control: another seed gives other tokens
-    assert generate_all(target, [PROMPT, COMPANIONS[0]], [replace(mine, seed=43), *others[0]], _drafter(kind, drafts), k=3)[0] != runs[0]
+    assert generate_all(target, [PROMPT], [replace(mine, seed=43)], _drafter(kind, drafts), k=3)[0] != runs[0]
 
 
 def test_equal_seeds_and_prompts_give_equal_rows_and_one_seed_for_a_batch_does_not(markov):
