@@ -128,6 +128,9 @@ class RowSampling:
         for b, p in enumerate(rows):
             groups.setdefault(_settings(p), []).append(b)
         self.groups = [(rows[members[0]], members) for members in groups.values()]  # (settings, rows)
+        self._modes = {mode: [b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members]
+                       for mode in ("greedy", "invariant", "rejection")}
+        self.greedy = len(self._modes["greedy"]) == len(rows)  # every row at temperature 0
 
     def __len__(self) -> int:
         return len(self.params)
@@ -137,14 +140,9 @@ class RowSampling:
         """The settings of every row when they are all the same (seeds aside), else None."""
         return self.groups[0][0] if len(self.groups) == 1 else None
 
-    @property
-    def greedy(self) -> bool:
-        """Every row at temperature 0."""
-        return all(p.greedy for p in self.params)
-
     def rows(self, mode: str) -> list[int]:
         """The rows whose rule is `mode`: "greedy" (temperature 0), "invariant" or "rejection"."""
-        return [b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members]
+        return self._modes[mode]
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """process_logits of each row with its own settings: logits [B, ..., V] -> probs [B, ..., V] float32."""
