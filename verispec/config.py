@@ -37,6 +37,8 @@ class SamplingParams:
     A stop token is included in the output and ends its row. `sampling` is how speculation
     keeps the target's distribution: "rejection" (accept with probability min(1, p/q)), or
     "invariant" (the tokens of plain decoding with the same seed, whatever the drafter and k).
+    One SamplingParams may serve a whole batch (row b then draws with `row_seed(seed, b)`) or
+    each row may have its own (`sampling.RowSampling`).
     """
 
     temperature: float = 1.0

@@ -5,7 +5,8 @@ One iteration: the drafter proposes k tokens per row; the target scores the pend
 and the k proposals in one pass ([B, k+1] positions); `verify` keeps a prefix of each row
 and adds a recovered or bonus token; the caches roll back to the committed lengths; the
 new tokens are cut at max_new_tokens and at a stop token, then yielded. k = 0 (or no
-drafter) is plain autoregressive decoding through the same code: the baseline.
+drafter) is plain autoregressive decoding through the same code: the baseline. Each row has
+its own sampling settings, budget, stop tokens and random stream (`sampling.RowSampling`).
 
 The target's cache holds every committed token but the last one, which is "pending" and is
 the first input of the next pass. One host synchronisation per iteration (the output
