@@ -71,7 +71,7 @@ def toy(tmp_path_factory):
 
 
 def _check(toy, tmp_path, *extra):
-    target, draft = toy
+    target, _ = toy
     out = tmp_path / "check.json"
     code = main(["check", "--target", str(target), "--backend", "torch", "--draws", "20000", "--seeds", "16", "--k", "3",
                  "--max-new-tokens", "12", "--json", str(out), *extra])

@@ -20,8 +20,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from stats_helpers import assert_distributed_as, is_distributed_as
+
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter

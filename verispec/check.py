@@ -246,8 +246,8 @@ def _gap(target, prompt: list[int], plain: list[int], spec: list[int], params: S
 
 def format_report(report: CheckReport) -> list[str]:
     """The report as lines of text."""
-    lines = [f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
-             f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):"]
+    lines = [(f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
+              f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):")]
     for t in report.tests:
         what = f"proposal {t.proposal}" if t.proposal is not None else "x ~ q"
         lines.append(f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted {t.accepted:.3f}, "
