@@ -79,10 +79,6 @@ class CheckReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def _drafts_from_model(drafter) -> bool:
-    return hasattr(drafter, "model")
-
-
 def _prefilled(model, context: list[int], room: int):
     """A one-row cache holding context[:-1] (context[-1] is the next input), with room for more."""
     cache = model.new_cache(1, len(context) + room + 2)
@@ -93,7 +89,7 @@ def _prefilled(model, context: list[int], room: int):
 
 def _chain(target, drafter, context: list[int], k: int, sampling: RowSampling):
     """Along the draft's most likely proposals: (proposals [k'], p [k', V], q [k', V] or None)."""
-    if _drafts_from_model(drafter):
+    if hasattr(drafter, "model"):  # a draft model (early exit included): q along its most likely proposals
         model, proposals, q = drafter.model, [], []
         cache = _prefilled(model, context, k)
         logits = model(torch.tensor([[context[-1]]], device=model.device), cache)[0, -1:]  # [1, V]

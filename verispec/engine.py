@@ -111,7 +111,8 @@ def _rule(
         raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
     target_probs = sampling.process(scores)  # [B, k+1, V]
     rejection = sampling.rows("rejection")
-    streams, drawn = sampling.streams, sampling.streams.counters.clone()  # [B] numbers each row had drawn
+    streams = sampling.streams
+    drawn = streams.counters.clone() if draft_probs is None else None  # [B] numbers each row had drawn (coupled form only)
     if len(rejection) == batch:  # the common case: no row to pick out
         output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
         if draft_probs is None:  # coupled form: one number per committed token, the rest unread

@@ -1,8 +1,8 @@
 """Logits -> the processed distribution a token is actually drawn from; seeded draws.
 
 Owns: `process_logits` (temperature, top-k, top-p, min-p, greedy as one-hot), `sample`
-(an exact draw from a probability tensor, driven by an explicit `torch.Generator`, or one
-generator per row) and `RowSampling` (a batch's settings and random streams, one per row: a
+(an exact draw from a probability tensor, driven by an explicit `torch.Generator`, or by
+per-row streams, streams.py) and `RowSampling` (a batch's settings and random streams, one per row: a
 seeded row draws only from its own stream, so its numbers do not depend on the other rows).
 The distribution returned here is the one the token is drawn from, in float32: the draft
 declares exactly this tensor as q, and the target's p is computed by the same function with
