@@ -27,6 +27,7 @@ from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .rejection import acceptance_probability, verify, verify_greedy
+from .models.rows import prefill_rows
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
 
@@ -137,6 +138,197 @@ def _rule(
     return output, num_accepted, beta
 
 
+class Batch:
+    """Rows decoding together, one target pass per `step`; rows may join and leave between passes.
+
+    Built over `prompts` (every row's prompt prefilled at once); `live[b]` False makes row b a
+    free slot (its prompt a placeholder that never generates). `join(rows, prompts, params)`
+    starts new requests in free slots (their prompts prefilled then, one call per model), and
+    `cancel(rows)` ends requests; a row that reaches its budget or a stop token leaves by
+    itself. Every row has its own settings, budget, stop tokens and random stream, so a seeded
+    row's tokens do not depend on the rows beside it or on when it joined (at a fixed k: with
+    a draft model in rejection mode the draws depend on the k of each pass; invariant mode
+    and prompt lookup do not). `max_length` bounds every row's prompt + budget + k_max + 1.
+    The compiled step (llama.cpp) is used only by batches that never take a row later
+    (`compiled=True`, `generate`'s case): its state is its own.
+    """
+
+    @torch.no_grad()
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        drafter: Drafter | None = None,
+        k: int | DraftLengthPolicy = 4,
+        stats: SpecStats | None = None,
+        *,
+        max_length: int | None = None,
+        live: Sequence[bool] | None = None,
+        compiled: bool = True,
+    ):
+        policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
+        if drafter is None:
+            policy = FixedLength(0)
+        prompts = _check_prompts(prompts, target.vocab_size)
+        device, batch = target.device, len(prompts)
+        self.target, self.drafter, self.policy, self.device = target, drafter, policy, device
+        self.sampling = RowSampling(params, batch, device)
+        self.active = [True] * batch if live is None else [bool(x) for x in live]
+        if len(self.active) != batch:
+            raise ValueError(f"live needs one flag per prompt ({batch}), got {len(self.active)}")
+        budgets = [p.max_new_tokens for p in self.sampling.params]
+        check_context(target, prompts, budgets)
+        needed = max(len(p) + n for p, n in zip(prompts, budgets)) + policy.k_max + 1
+        if max_length is not None and max_length < needed:
+            raise ValueError(f"max_length ({max_length}) is below the longest prompt plus its budget and k_max + 1 ({needed})")
+        self.max_length = max_length or needed
+        self.stats = stats if stats is not None else SpecStats()
+        self.requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
+        self._uncounted = {row for row, live in enumerate(self.active) if live}  # requests not yet in stats
+        self.started = time.perf_counter()
+        self.cache = target.new_cache(batch, self.max_length)
+        target.prefill([p[:-1] for p in prompts], self.cache)
+        if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
+            drafter.start(prompts, self.max_length, target_cache=self.cache)
+        elif drafter is not None:
+            drafter.start(prompts, self.max_length)
+        if isinstance(policy, FixedLength) and policy.k > 0 and hasattr(drafter, "prefill"):
+            drafter.prefill()  # it will draft at once: read the prompts now, timed as prefill
+        _sync(device)
+        self.stats.prefill_time_s += time.perf_counter() - self.started
+        self.pending_ids = [p[-1] for p in prompts]
+        self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
+        # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
+        self.compiled = (target.compiled_step(self.cache, drafter, self.sampling, prompts, policy.k_max)
+                         if compiled and hasattr(target, "compiled_step") else None)
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    @torch.no_grad()
+    def join(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> None:
+        """Start requests in free rows: prompts[i] with params[i] (its own seed) in rows[i]."""
+        rows, prompts = list(rows), _check_prompts(prompts, self.target.vocab_size)
+        params = list(params)
+        if self.compiled is not None:
+            raise RuntimeError("rows cannot join a batch that runs on the compiled step (build it with compiled=False)")
+        if len(rows) != len(prompts) or len(params) != len(prompts) or len(set(rows)) != len(rows):
+            raise ValueError(f"join needs distinct rows and one prompt and SamplingParams per row, got {len(rows)}, {len(prompts)}, {len(params)}")
+        busy = [r for r in rows if not 0 <= r < len(self.active) or self.active[r]]
+        if busy:
+            raise ValueError(f"row {busy[0]} is not a free row of this batch")
+        check_context(self.target, prompts, [p.max_new_tokens for p in params])
+        longest = max(len(p) + q.max_new_tokens for p, q in zip(prompts, params)) + self.policy.k_max + 1
+        if longest > self.max_length:
+            raise ValueError(f"a prompt plus its max_new_tokens and k_max + 1 ({longest}) exceeds the batch's max_length ({self.max_length})")
+        started = time.perf_counter()
+        self._count(rows)  # the rows' earlier requests, if any
+        prefill_rows(self.target, self.cache, rows, [p[:-1] for p in prompts])
+        self.sampling.replace(rows, params)
+        if self.drafter is not None:
+            self.drafter.join(rows, prompts)
+        for row, prompt in zip(rows, prompts):
+            self.pending_ids[row] = prompt[-1]
+            self.requests[row] = RequestStats(prompt_tokens=len(prompt))
+            self.active[row] = True
+        self._uncounted.update(rows)
+        self.pending = torch.tensor(self.pending_ids, device=self.device)
+        _sync(self.device)
+        self.stats.prefill_time_s += time.perf_counter() - started
+
+    def cancel(self, rows: Sequence[int], reason: str = "abort") -> None:
+        """End the requests in these rows before their budget (a client went away, a stop
+        string): they take no part in later passes and their rows are free."""
+        for row in rows:
+            if self.active[row]:
+                self.active[row] = False
+                self.requests[row].finish_reason = reason
+        if self.compiled is not None:
+            self.compiled.retire(list(rows))
+
+    @torch.no_grad()
+    def step(self) -> list[list[int]]:
+        """One target pass over the active rows: the tokens newly committed to each row ([] for
+        none, and for rows that are not active). A row that finishes here is no longer active."""
+        policy, drafter, target, sampling, cache = self.policy, self.drafter, self.target, self.sampling, self.cache
+        batch, device, stats = len(self.active), self.device, self.stats
+        k = min(max(policy.choose(), 0), policy.k_max)
+        _sync(device)
+        t0 = time.perf_counter()
+        if self.compiled is not None:  # propose, score, rule and both rollbacks (as if every active row goes on)
+            committed, accepted, betas, k, draft_s = self.compiled.step(k)
+            t1, t2 = t0 + draft_s, time.perf_counter()
+            rows = list(zip(committed, accepted, betas))
+        else:
+            if drafter is not None:
+                draft_token_ids, draft_probs = drafter.propose(k, sampling)  # [B, k], [B, k, V]
+                k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
+            else:
+                draft_token_ids, draft_probs = self.pending.new_zeros(batch, 0), None
+            _sync(device)
+            t1 = time.perf_counter()
+            start_lengths = cache.host_lengths
+            scores = _score(target, torch.cat([self.pending[:, None], draft_token_ids], dim=1), cache, sampling)  # [B, k+1(, V)]
+            _sync(device)
+            t2 = time.perf_counter()
+            output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, sampling, start_lengths)  # [B, k+1], [B], [B, k]
+            host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
+            accepted = [int(row[k + 1]) for row in host]
+            rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
+        stats.draft_time_s += t1 - t0
+        stats.target_time_s += t2 - t1
+
+        chunk: list[list[int]] = [[] for _ in range(batch)]
+        finished = [False] * batch  # rows that stop at this step
+        beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
+        for row, ((tokens, n, beta_row), request) in enumerate(zip(rows, self.requests)):
+            if not self.active[row]:
+                continue
+            request.observe(k, n, beta_row)
+            for i in range(min(n + 1, k)):
+                beta_sums[i] += beta_row[i]
+                verified[i] += 1
+            params = sampling.params[row]
+            tokens, reason = _cut(tokens, params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
+            request.generated_tokens += len(tokens)
+            request.finish_reason = reason
+            chunk[row] = tokens
+            finished[row] = reason is not None
+        still_active = [live and not done for live, done in zip(self.active, finished)]
+
+        if self.compiled is not None:
+            self.compiled.retire([row for row, done in enumerate(finished) if done])
+        else:
+            # Roll back to the committed tokens; a row that is not active keeps its old length (its
+            # contents no longer matter, and its cache must not grow while others go on).
+            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
+            # The recovered or bonus token of each row is pending now (a finished row keeps its own).
+            self.pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, self.pending_ids)]
+            self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
+            if drafter is not None:
+                drafter.commit(accepted, self.pending, still_active)  # rows not active: ignored
+        self.active = still_active
+        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
+        return chunk
+
+    def _count(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            if row in self._uncounted:
+                self._uncounted.discard(row)
+                self.stats.add(self.requests[row])
+
+    def close(self) -> None:
+        """Add the requests not yet counted to stats, in row order (a row's request is counted
+        when the row is reused, or here), and the batch's wall time; once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._count(sorted(self._uncounted))
+        self.stats.total_time_s += time.perf_counter() - self.started
+
+
 @torch.no_grad()
 def generate(
     target: torch.nn.Module,
@@ -153,99 +345,15 @@ def generate(
     or one per prompt (each row its own settings, budget, stop tokens and seed: `RowSampling`).
     `k` is a draft length or a policy that picks one before every iteration
     (control.AdaptiveLength). Rows accept different counts per step; a row stops exactly at
-    its max_new_tokens or at one of its stop tokens (which it includes).
+    its max_new_tokens or at one of its stop tokens (which it includes). A fixed batch:
+    `Batch` is the same loop with rows that join and leave.
     """
-    policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
-    if drafter is None:
-        policy = FixedLength(0)
-    prompts = _check_prompts(prompts, target.vocab_size)
-    device, batch = target.device, len(prompts)
-    sampling = RowSampling(params, batch, device)
-    rows_params = sampling.params
-    check_context(target, prompts, [p.max_new_tokens for p in rows_params])
-    stats = stats if stats is not None else SpecStats()
-    requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
-    started = time.perf_counter()
-    max_length = max(len(p) + r.max_new_tokens for p, r in zip(prompts, rows_params)) + policy.k_max + 1
-    cache = target.new_cache(batch, max_length)
-    target.prefill([p[:-1] for p in prompts], cache)
-    if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
-        drafter.start(prompts, max_length, target_cache=cache)
-    elif drafter is not None:
-        drafter.start(prompts, max_length)
-    if isinstance(policy, FixedLength) and policy.k > 0 and hasattr(drafter, "prefill"):
-        drafter.prefill()  # it will draft at once: read the prompts now, timed as prefill
-    _sync(device)
-    stats.prefill_time_s += time.perf_counter() - started
-    pending_ids = [p[-1] for p in prompts]
-    pending = torch.tensor(pending_ids, device=device)  # [B]
-    active = [True] * batch
-    # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
-    compiled = target.compiled_step(cache, drafter, sampling, prompts, policy.k_max) if hasattr(target, "compiled_step") else None
+    batch = Batch(target, prompts, params, drafter, k, stats)
     try:
-        while any(active):
-            k = min(max(policy.choose(), 0), policy.k_max)
-            _sync(device)
-            t0 = time.perf_counter()
-            if compiled is not None:  # propose, score, rule and both rollbacks (as if every active row goes on)
-                committed, accepted, betas, k, draft_s = compiled.step(k)
-                t1, t2 = t0 + draft_s, time.perf_counter()
-                rows = list(zip(committed, accepted, betas))
-            else:
-                if drafter is not None:
-                    draft_token_ids, draft_probs = drafter.propose(k, sampling)  # [B, k], [B, k, V]
-                    k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
-                else:
-                    draft_token_ids, draft_probs = pending.new_zeros(batch, 0), None
-                _sync(device)
-                t1 = time.perf_counter()
-                start_lengths = cache.host_lengths
-                scores = _score(target, torch.cat([pending[:, None], draft_token_ids], dim=1), cache, sampling)  # [B, k+1(, V)]
-                _sync(device)
-                t2 = time.perf_counter()
-                output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, sampling, start_lengths)  # [B, k+1], [B], [B, k]
-                host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
-                accepted = [int(row[k + 1]) for row in host]
-                rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
-            stats.draft_time_s += t1 - t0
-            stats.target_time_s += t2 - t1
-
-            chunk: list[list[int]] = [[] for _ in range(batch)]
-            finished = [False] * batch  # rows that stop at this step
-            beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
-            for row, ((tokens, n, beta_row), request) in enumerate(zip(rows, requests)):
-                if not active[row]:
-                    continue
-                request.observe(k, n, beta_row)
-                for i in range(min(n + 1, k)):
-                    beta_sums[i] += beta_row[i]
-                    verified[i] += 1
-                budget = rows_params[row].max_new_tokens - request.generated_tokens
-                tokens, reason = _cut(tokens, budget, rows_params[row].stop_token_ids)
-                request.generated_tokens += len(tokens)
-                request.finish_reason = reason
-                chunk[row] = tokens
-                finished[row] = reason is not None
-            still_active = [live and not done for live, done in zip(active, finished)]
-
-            if compiled is not None:
-                compiled.retire([row for row, done in enumerate(finished) if done])
-            else:
-                # Roll back to the committed tokens; a row that is done keeps its old length (its
-                # contents no longer matter, and its cache must not grow while others go on).
-                cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
-                # The recovered or bonus token of each row is pending now (a finished row keeps its own).
-                pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, pending_ids)]
-                pending = torch.tensor(pending_ids, device=device)  # [B]
-                if drafter is not None:
-                    drafter.commit(accepted, pending, still_active)  # rows not active: ignored
-            active = still_active
-            policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
-            yield chunk
+        while any(batch.active):
+            yield batch.step()
     finally:
-        for request in requests:
-            stats.add(request)
-        stats.total_time_s += time.perf_counter() - started
+        batch.close()
 
 
 def generate_all(

@@ -124,6 +124,10 @@ class RowSampling:
         self.params: list[SamplingParams] = rows
         self.seeds = [p.seed if p.seed is not None else fresh_seed() for p in rows]
         self.streams = RowStreams(self.seeds, device)
+        self._group()
+
+    def _group(self) -> None:
+        rows = self.params
         groups: dict[tuple, list[int]] = {}
         for b, p in enumerate(rows):
             groups.setdefault(_settings(p), []).append(b)
@@ -131,6 +135,17 @@ class RowSampling:
         self._modes = {mode: [b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members]
                        for mode in ("greedy", "invariant", "rejection")}
         self.greedy = len(self._modes["greedy"]) == len(rows)  # every row at temperature 0
+
+    def replace(self, rows: Sequence[int], params: Sequence[SamplingParams]) -> None:
+        """New requests in some rows: row rows[i] takes params[i] and a fresh stream from its
+        seed (as if it had started alone), the other rows keep theirs."""
+        if not all(isinstance(p, SamplingParams) for p in params) or len(params) != len(rows):
+            raise ValueError(f"replace needs one SamplingParams per row, got {len(params)} for {len(rows)} rows")
+        for b, p in zip(rows, params):
+            self.params[b] = p
+            self.seeds[b] = p.seed if p.seed is not None else fresh_seed()
+        self.streams.reset(rows, [self.seeds[b] for b in rows])
+        self._group()
 
     def __len__(self) -> int:
         return len(self.params)

@@ -62,6 +62,12 @@ class RowStreams:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def reset(self, rows: Sequence[int], seeds: Sequence[int]) -> None:
+        """Rows rows[i] restart as new streams of seeds[i] (counter 0)."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.keys.device)
+        self.keys[index] = splitmix64(torch.tensor([signed(s) for s in seeds], dtype=torch.long, device=self.keys.device))
+        self.counters[index] = 0
+
     def uniform(self, shape: tuple[int, ...], rows: torch.Tensor | None = None) -> torch.Tensor:
         """The next n = prod(shape[1:]) numbers of each row (all rows, or rows [shape[0]]), float64
         in [0, 1) of the given shape; those rows' counters advance by n."""

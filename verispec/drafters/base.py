@@ -37,6 +37,11 @@ class Drafter(Protocol):
         choice). draft_probs must be exactly the distribution each token was drawn from.
         """
 
+    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """New requests in rows that were free (engine.Batch.join): row rows[i] now holds
+        prompts[i], committed, and nothing of what it held before; the other rows stay. After the
+        target's `prefill_rows` when the drafter shares the target's cache."""
+
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         """After verification: row b accepted num_accepted[b] proposals, then next_token_ids[b]
         (the recovered or bonus token, [B] long) was committed. Rows with active[b] False

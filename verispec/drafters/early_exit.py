@@ -82,6 +82,15 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.model.device)  # [B, 1]
         self.pending_count = [1] * len(prompts)
 
+    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
+        if self.target_cache is None:
+            return super().join(rows, prompts)
+        # The engine has prefilled these rows' p[:-1] into the target cache: the layers are there.
+        self.cache.follow(self.target_cache)
+        index = torch.tensor(rows, dtype=torch.long, device=self.pending.device)
+        self.pending = self.pending.clone()
+        self.pending[index, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=self.pending.device)
+
     def prefill(self) -> None:
         if self.target_cache is None:  # shared: the target's prefill already wrote these layers
             super().prefill()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import KVCache
+from ..models.rows import prefill_rows
 from ..sampling import RowSampling
 
 
@@ -53,6 +54,18 @@ class ModelDrafter:
         self.pending = torch.tensor([list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)  # [B, P]
         self.pending_count = [len(p) for p in prompts]
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
+
+    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """New requests in free rows (engine.Batch.join): each row's draft cache is emptied and
+        its prompt read now (all but its last token, which is pending); the other rows stay."""
+        assert self.cache is not None, "start() first"
+        prefill_rows(self.model, self.cache, rows, [p[:-1] for p in prompts])
+        index = torch.tensor(rows, dtype=torch.long, device=self.pending.device)
+        self.pending = self.pending.clone()
+        self.pending[index, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=self.pending.device)
+        for row in rows:
+            self.pending_count[row] = 1
+        self._live[index] = True
 
     def prefill(self) -> None:
         """Read the prompts now (all but their last tokens, which stay pending): the engine calls

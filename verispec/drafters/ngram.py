@@ -63,6 +63,17 @@ class PromptLookupDrafter:
         self.tokens[rows, columns] = flat
         self._k, self._proposal = 0, self.tokens.new_zeros(len(prompts), 0)
 
+    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """New requests in free rows (engine.Batch.join): their histories become the prompts."""
+        assert self.tokens is not None, "start() first"
+        longest = max(len(p) for p in prompts)
+        if longest > self.tokens.shape[1]:
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(len(self.host_lengths), longest - self.tokens.shape[1])], dim=1)
+        for row, prompt in zip(rows, prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
+            self.host_lengths[row] = len(prompt)
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
+
     def history(self, row: int) -> list[int]:
         """The committed tokens of one row (prompt + committed), as the drafter sees them."""
         assert self.tokens is not None, "start() first"

@@ -145,6 +145,12 @@ class CacheLengths:
         if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
             raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
 
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Declare each row's valid length (after its state was written by other means: a row
+        started anew, a compiled step); rollback is the check-and-lower form of this."""
+        self._host_lengths = list(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
+
     def rollback(self, lengths: list[int]) -> None:
         """Keep the first lengths[b] positions of row b; never copies the per-position state."""
         self.check_rollback(lengths)
@@ -375,6 +381,24 @@ class LlamaForCausalLM(nn.Module):
             self.hidden_states(ids[:, start : start + chunk], cache)
         cache.rollback([len(p) for p in prompts])
 
+
+    @torch.no_grad()
+    def prefill_rows(self, prompts: list[list[int]], cache: KVCache, rows: list[int]) -> None:
+        """Rows rows[i] hold prompts[i] afterwards; the other rows are untouched (models/rows.py).
+        Prefilled in a scratch cache of len(rows) rows, then copied into those rows."""
+        longest = max((len(p) for p in prompts), default=0)
+        if longest > cache.max_length:
+            raise ValueError(f"KV cache overflow: {longest} positions needed, cache holds {cache.max_length}")
+        if longest:
+            scratch = self.new_cache(len(prompts), longest)
+            self.prefill(prompts, scratch)
+            index = torch.tensor(rows, device=cache.keys.device)
+            cache.keys[:, index, :longest] = scratch.keys
+            cache.values[:, index, :longest] = scratch.values
+        lengths = cache.host_lengths
+        for row, prompt in zip(rows, prompts):
+            lengths[row] = len(prompt)
+        cache.set_lengths(lengths)
 
 # Hugging Face keeps q, k, v (and gate, up) as separate matrices; this model stacks them so that
 # one product replaces several. These two functions are the only place that knows the mapping.

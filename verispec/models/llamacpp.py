@@ -423,6 +423,23 @@ class LlamaCppModel:
         cache.set_lengths(lengths)
 
 
+    def prefill_rows(self, prompts: list[list[int]], cache: LlamaCppCache, rows: list[int]) -> None:
+        """Rows rows[i] (sequences rows[i]) hold prompts[i] afterwards; the other rows are
+        untouched (models/rows.py): each row's sequence is emptied, then written."""
+        lengths = [len(p) for p in prompts]
+        if max(lengths, default=0) > cache.max_length:
+            raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
+        for row in rows:
+            _llama().llama_memory_seq_rm(cache.context.memory, row, 0, -1)
+        if sum(lengths):
+            tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
+            positions = np.concatenate([np.arange(n) for n in lengths])
+            cache.context.decode(tokens, positions, np.repeat(np.asarray(rows), lengths), False)
+        host = cache.host_lengths
+        for row, n in zip(rows, lengths):
+            host[row] = n
+        cache.set_lengths(host)
+
 def _copy(logits: np.ndarray) -> np.ndarray:
     return logits.copy()
 
