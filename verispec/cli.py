@@ -157,6 +157,21 @@ def _parser() -> argparse.ArgumentParser:
     _add_confidence_argument(gen)
     _add_backend_arguments(gen)
 
+    srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over a continuous batcher (needs the serve extra)")
+    srv.add_argument("--target", help="target model directory or GGUF file; default: the built-in pair's target")
+    srv.add_argument("--draft", help="draft model, 'ngram', 'early-exit:L' or 'none'; default: the built-in draft with the built-in target")
+    srv.add_argument("--k", type=_draft_length, default="auto", help="draft length, or 'auto' (default): chosen per pass from the costs and acceptance seen")
+    srv.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together at most (default 8)")
+    srv.add_argument("--max-waiting", type=_positive, default=64, help="requests waiting for a row at most; beyond it: 503 (default 64)")
+    srv.add_argument("--max-model-len", type=_positive, default=None, help="prompt + max_tokens per request at most (default: the model's context)")
+    srv.add_argument("--model-name", default=None, help="the model's name in the API (default: the target's directory or file name)")
+    srv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    _add_confidence_argument(srv)
+    _add_backend_arguments(srv)
+
     train = commands.add_parser("train", help="prepare the corpus, pretrain the target, cache its distributions, or distil the draft")
     train.add_argument("what", choices=["data", "target", "teacher", "draft", "export"],
                        help="teacher: cache the --teacher's top-k next-token distributions over the training split (resumable); "
@@ -897,9 +912,36 @@ def _toy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from .server.run import build, run
+    except ImportError as error:
+        return _fail(f"verispec serve needs the serve extra (pip install 'verispec[serve]'): {error}")
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port must be in [0, 65535], got {args.port}")
+    if args.draft == "none":
+        args.draft, no_draft = "none", True
+    else:
+        no_draft = False
+    _default_pair(args)
+    dtype = parse_dtype(args.dtype)
+    target, tokenizer = _target(args, dtype)
+    drafter = None if no_draft else _drafter(args.draft, dtype, target, args.target, args)
+    eos = target.config.eos_token_id
+    eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+    k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)
+    name = args.model_name or Path(args.target).name
+    app, scheduler = build(target, drafter, tokenizer, model_name=name, k=k, max_batch=args.max_batch,
+                           max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=eos)
+    print(f"verispec serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
+          f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
+    run(app, args.host, args.port)
+    return 0
+
+
 _COMMANDS = {
     "generate": _generate, "plan": _plan, "check": _check, "quantize": _quantize, "profile": _profile,
-    "bench": _bench, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
+    "bench": _bench, "serve": _serve, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
 }
 
 

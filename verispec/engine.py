@@ -310,6 +310,7 @@ class Batch:
             if drafter is not None:
                 drafter.commit(accepted, self.pending, still_active)  # rows not active: ignored
         self.active = still_active
+        self.last_k, self.last_accepted = k, accepted  # for a server's metrics: this pass's k and each row's accepted count
         policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
         return chunk
 

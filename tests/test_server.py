@@ -1,0 +1,273 @@
+"""`verispec serve` end to end: a real server on 127.0.0.1 (an ephemeral port) over the built-in
+pair on the default backend, driven by the official `openai` client and by raw HTTP.
+
+- the openai client: completions, streaming (the streamed text equals the whole), n > 1, usage;
+- no cross-talk: 32 concurrent greedy requests each return the tokens of plain decoding of
+  their prompt (generate_all without a draft) while sampled requests with random settings run
+  beside them (a seeded sampled row alone and joined into a busy batch: tests/test_batch.py);
+- bad input: a table of malformed requests, each a 4xx naming the problem, then a fuzz run of
+  random bodies (no 5xx, the server still answers, a control request unchanged);
+- disconnects: dropped streams leave no running row within a second.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from verispec.config import SamplingParams  # noqa: E402
+from verispec.control import FixedLength  # noqa: E402
+from verispec.drafters.model import ModelDrafter  # noqa: E402
+from verispec.engine import generate_all  # noqa: E402
+from verispec.models.backend import load, load_text_tokenizer  # noqa: E402
+from verispec.pair import DRAFT_DIR, TARGET_DIR  # noqa: E402
+
+MAX_MODEL_LEN = 256
+PROMPTS = ["def quicksort(arr):", "import os\n", "class Stack:\n    def __init__(self):", "for i in range(10):",
+           "# parse the arguments\n", "def main():\n    ", "try:\n    import json", "x = [i * i for"]
+
+
+class Running:
+    def __init__(self, target, draft, tokenizer, k=3, max_batch=8):
+        import uvicorn
+
+        from verispec.server.run import build
+
+        eos = (target.config.eos_token_id,)
+        self.app, self.scheduler = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(k),
+                                         max_batch=max_batch, max_waiting=64, max_model_len=MAX_MODEL_LEN, eos=eos)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.05)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, _ = load(TARGET_DIR, "auto")
+    draft, _ = load(DRAFT_DIR, "auto")
+    return target, draft, load_text_tokenizer(TARGET_DIR, target)
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    running = Running(*pair)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def _plain(pair, text: str, max_tokens: int) -> str:
+    target, _, tokenizer = pair
+    ids = generate_all(target, [tokenizer.encode(text).ids], SamplingParams(temperature=0, max_new_tokens=max_tokens,
+                                                                             stop_token_ids=(target.config.eos_token_id,)))[0]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_openai_client_completes_streams_and_takes_n(pair, client):
+    whole = client.completions.create(model="pair", prompt=PROMPTS[0], max_tokens=32, temperature=0)
+    assert whole.choices[0].text == _plain(pair, PROMPTS[0], 32)
+    assert whole.choices[0].finish_reason in ("length", "stop")
+    assert whole.usage.prompt_tokens == len(pair[2].encode(PROMPTS[0]).ids)
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    assert whole.model_extra["verispec"]["choices"][0]["proposed"] > 0
+
+    pieces, ends = [], []
+    for chunk in client.completions.create(model="pair", prompt=PROMPTS[0], max_tokens=32, temperature=0, stream=True):
+        pieces.append(chunk.choices[0].text)
+        ends.append(chunk.choices[0].finish_reason)
+    assert "".join(pieces) == whole.choices[0].text and len(pieces) > 2
+    assert ends[-1] == whole.choices[0].finish_reason and not any(ends[:-1])
+
+    several = client.completions.create(model="pair", prompt=PROMPTS[:2], max_tokens=12, temperature=1.0, n=3, seed=7)
+    assert sorted(c.index for c in several.choices) == list(range(6))
+    assert len({c.text for c in several.choices[:3]}) > 1  # the n choices of a prompt are different draws
+    generated = [c["generated_tokens"] for c in several.model_extra["verispec"]["choices"]]
+    assert several.usage.completion_tokens == sum(generated)
+    assert all(n == 12 for n, c in zip(generated, several.choices) if c.finish_reason == "length")
+    again = client.completions.create(model="pair", prompt=PROMPTS[:2], max_tokens=12, temperature=1.0, n=3, seed=7)
+    assert [c.text for c in again.choices] == [c.text for c in several.choices]  # a seed fixes every choice
+
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="pair", prompt=PROMPTS[0], max_tokens=MAX_MODEL_LEN)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt=PROMPTS[0])
+
+
+def _post(url: str, body, timeout: float = 60.0) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json=body, timeout=timeout)
+
+
+def test_no_cross_talk_under_load(pair, server):
+    greedy = [(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), 24) for i in range(32)]
+    rng = random.Random(3)
+    noise = [{"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 40), "temperature": rng.choice([0.5, 1.0, 1.5]),
+              "top_p": rng.choice([1.0, 0.9]), "top_k": rng.choice([0, 20]), "seed": rng.randrange(10**6)} for _ in range(16)]
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        jobs = [pool.submit(_post, server.url, {"prompt": p, "max_tokens": n, "temperature": 0}) for p, n in greedy]
+        jobs += [pool.submit(_post, server.url, body) for body in noise]
+        answers = [job.result() for job in jobs]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
+    for (prompt, n), answer in zip(greedy, answers):
+        assert answer.json()["choices"][0]["text"] == _plain(pair, prompt, n), prompt
+
+
+BAD = [
+    ("not json", b"{\"prompt\": ", 400, "not valid JSON"),
+    ("not utf-8", b"{\"prompt\": \"\xff\xfe\"}", 400, "UTF-8"),
+    ("a list body", [1, 2], 400, "JSON object"),
+    ("a string body", "hello", 400, "JSON object"),
+    ("no prompt", {"max_tokens": 4}, 400, "'prompt' is required"),
+    ("empty prompt", {"prompt": ""}, 400, "empty string"),
+    ("empty list", {"prompt": []}, 400, "'prompt' is empty"),
+    ("empty id list", {"prompt": [[]]}, 400, "empty list"),
+    ("prompt a number", {"prompt": 5}, 400, "'prompt' must be"),
+    ("prompt mixed", {"prompt": ["a", 3]}, 400, "'prompt' must be"),
+    ("token out of range", {"prompt": [1, 99999]}, 400, "token ids are integers"),
+    ("negative token", {"prompt": [-1]}, 400, "token ids are integers"),
+    ("too many prompts", {"prompt": ["a"] * 65}, 400, "at most 64"),
+    ("max_tokens string", {"prompt": "a", "max_tokens": "9"}, 400, "'max_tokens' must be an integer"),
+    ("max_tokens zero", {"prompt": "a", "max_tokens": 0}, 400, "'max_tokens' must be in"),
+    ("max_tokens float", {"prompt": "a", "max_tokens": 2.5}, 400, "'max_tokens' must be an integer"),
+    ("beyond the context", {"prompt": "a", "max_tokens": MAX_MODEL_LEN}, 400, "exceeds the context"),
+    ("long prompt", {"prompt": list(range(1, 300))}, 400, "context holds"),
+    ("temperature string", {"prompt": "a", "temperature": "hot"}, 400, "'temperature' must be a number"),
+    ("temperature negative", {"prompt": "a", "temperature": -1}, 400, "'temperature' must be in"),
+    ("temperature huge", {"prompt": "a", "temperature": 5}, 400, "'temperature' must be in"),
+    ("top_p zero", {"prompt": "a", "top_p": 0}, 400, "'top_p' must be in"),
+    ("top_p above one", {"prompt": "a", "top_p": 1.5}, 400, "'top_p' must be in"),
+    ("top_k negative", {"prompt": "a", "top_k": -5}, 400, "'top_k' must be in"),
+    ("top_k bool", {"prompt": "a", "top_k": True}, 400, "'top_k' must be an integer"),
+    ("min_p above one", {"prompt": "a", "min_p": 2}, 400, "'min_p' must be in"),
+    ("seed string", {"prompt": "a", "seed": "x"}, 400, "'seed' must be an integer"),
+    ("seed float", {"prompt": "a", "seed": 1.5}, 400, "'seed' must be an integer"),
+    ("n zero", {"prompt": "a", "n": 0}, 400, "'n' must be in"),
+    ("n too large", {"prompt": "a", "n": 100}, 400, "'n' must be in"),
+    ("stop a number", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
+    ("too many stops", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
+    ("empty stop", {"prompt": "a", "stop": [""]}, 400, "'stop' string"),
+    ("stream string", {"prompt": "a", "stream": "yes"}, 400, "'stream' must be a boolean"),
+    ("stream options", {"prompt": "a", "stream": True, "stream_options": {"x": 1}}, 400, "'stream_options'"),
+    ("unknown field", {"prompt": "a", "temprature": 0.5}, 400, "unrecognized request argument 'temprature'"),
+    ("unknown model", {"prompt": "a", "model": "gpt-4"}, 404, "does not exist"),
+    ("model a number", {"prompt": "a", "model": 3}, 400, "'model' must be a string"),
+    ("echo", {"prompt": "a", "echo": True}, 400, "'echo' is not supported"),
+    ("best_of", {"prompt": "a", "best_of": 3}, 400, "'best_of'"),
+    ("penalty", {"prompt": "a", "presence_penalty": 1.0}, 400, "'presence_penalty'"),
+    ("sampling mode", {"prompt": "a", "sampling": "magic"}, 400, "'sampling' must be one of"),
+    ("nan temperature", b"{\"prompt\": \"a\", \"temperature\": NaN}", 400, "'temperature' must be a number"),
+]
+
+
+def test_malformed_requests_get_a_4xx_naming_the_problem(server):
+    for name, body, status, message in BAD:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        answer = httpx.post(server.url + "/v1/completions", content=content, headers={"content-type": "application/json"}, timeout=30)
+        assert answer.status_code == status, (name, answer.status_code, answer.text)
+        error = answer.json()["error"]
+        assert message in error["message"], (name, error)
+        assert error["type"] and "message" in error
+    too_large = httpx.post(server.url + "/v1/completions", content=b"{\"prompt\": \"" + b"a" * (1 << 21) + b"\"}", timeout=30)
+    assert too_large.status_code == 413 and "larger than" in too_large.json()["error"]["message"]
+    chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert chat.status_code == 400 and "chat template" in chat.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/nothing", timeout=30).status_code == 404
+    assert len(BAD) >= 30
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kinds = ["int", "float", "str", "bool", "none", "list", "dict", "big"] if depth < 2 else ["int", "float", "str", "bool", "none"]
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.choice([0, 1, -1, 7, 255, 8191, 8192, 2**31, -(2**40)])
+    if kind == "float":
+        return rng.choice([0.0, 0.5, 1.0, -0.1, 1e300, 2.0000001])
+    if kind == "str":
+        return rng.choice(["", "a", "def f(", "\u0000", "\ud800x".encode("utf-8", "surrogatepass").decode("utf-8", "replace"), "🙂" * 3])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "big":
+        return "x" * rng.randint(1000, 5000)
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {rng.choice(["a", "prompt", "n"]): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def test_a_fuzz_run_of_random_bodies_never_gets_a_5xx(server):
+    rng = random.Random(11)
+    fields = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "n", "model", "sampling",
+              "logprobs", "echo", "best_of", "stream_options", "bogus"]
+    control = {"prompt": PROMPTS[3], "max_tokens": 12, "temperature": 0}
+    expected = _post(server.url, control).json()["choices"][0]["text"]
+    statuses: dict[int, int] = {}
+    with httpx.Client(timeout=60) as http:
+        for i in range(2000):
+            if rng.random() < 0.1:
+                content = bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))
+            else:
+                body = {name: _random_value(rng) for name in rng.sample(fields, rng.randint(0, 6))}
+                if rng.random() < 0.5:
+                    body.setdefault("prompt", rng.choice(PROMPTS))
+                if body.get("max_tokens") is None or not isinstance(body.get("max_tokens"), int):
+                    body["max_tokens"] = rng.choice([1, 2, 3])  # valid ones finish quickly
+                content = json.dumps(body).encode()
+            answer = http.post(server.url + "/v1/completions", content=content, headers={"content-type": "application/json"})
+            statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+            assert answer.status_code < 500, (content[:200], answer.status_code, answer.text[:300])
+    assert statuses.get(200, 0) > 20 and sum(v for s, v in statuses.items() if 400 <= s < 500) > 1000, statuses
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert _post(server.url, control).json()["choices"][0]["text"] == expected
+
+
+def _running(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("verispec_num_requests_running"):
+            return float(line.split()[-1])
+    raise AssertionError("no verispec_num_requests_running in /metrics")
+
+
+def test_dropped_streams_free_their_rows_within_a_second(server):
+    for _ in range(5):  # 50 streams, 10 at a time
+        clients = [httpx.Client(timeout=60) for _ in range(10)]
+        streams = []
+        for http, prompt in zip(clients, PROMPTS + PROMPTS):
+            opened = http.stream("POST", server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 200, "temperature": 0.7,
+                                                                                 "stream": True})
+            response = opened.__enter__()
+            lines = response.iter_lines()
+            while not next(lines).startswith("data: {"):  # the first chunk has arrived: the request runs
+                pass
+            streams.append((opened, response))
+        assert _running(server.url) > 0
+        for (opened, response), http in zip(streams, clients):
+            response.close()  # the client goes away mid-stream
+            http.close()
+        deadline = time.time() + 1.0
+        while _running(server.url) > 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert _running(server.url) == 0
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
