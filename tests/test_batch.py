@@ -18,9 +18,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from stats_helpers import assert_distributed_as, is_distributed_as
-from test_exactness import DRAFTERS, PROMPT, SETTING, TOKENS, VOCAB, _exact_joint, gguf, llama  # noqa: F401 (gguf: a fixture)
+from test_exactness import (  # noqa: F401 (gguf: a fixture)
+    DRAFTERS,
+    PROMPT,
+    SETTING,
+    TOKENS,
+    VOCAB,
+    _exact_joint,
+    gguf,
+    llama,
+)
+
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import Batch, generate_all
@@ -150,7 +159,7 @@ def test_greedy_rows_joined_midway_equal_plain_greedy(target, made, name):
     assert _joined_midway(target, DRAFTERS[name](target, made), prompts, [GREEDY] * len(prompts)) == plain
 
 
-def test_greedy_rows_joined_midway_on_llama_cpp(target, gguf):
+def test_greedy_rows_joined_midway_on_llama_cpp(target, gguf):  # noqa: F811 (gguf: the fixture)
     gguf_target, gguf_draft = gguf["target"], gguf["draft"]
     prompts = OTHER_PROMPTS + [PROMPT]
     plain = generate_all(gguf_target, prompts, GREEDY)

@@ -24,12 +24,12 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from verispec.config import SamplingParams  # noqa: E402
-from verispec.control import FixedLength  # noqa: E402
-from verispec.drafters.model import ModelDrafter  # noqa: E402
-from verispec.engine import generate_all  # noqa: E402
-from verispec.models.backend import load, load_text_tokenizer  # noqa: E402
-from verispec.pair import DRAFT_DIR, TARGET_DIR  # noqa: E402
+from verispec.config import SamplingParams
+from verispec.control import FixedLength
+from verispec.drafters.model import ModelDrafter
+from verispec.engine import generate_all
+from verispec.models.backend import load, load_text_tokenizer
+from verispec.pair import DRAFT_DIR, TARGET_DIR
 
 MAX_MODEL_LEN = 256
 PROMPTS = ["def quicksort(arr):", "import os\n", "class Stack:\n    def __init__(self):", "for i in range(10):",

@@ -26,8 +26,8 @@ import torch
 from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
-from .rejection import acceptance_probability, verify, verify_greedy
 from .models.rows import prefill_rows
+from .rejection import acceptance_probability, verify, verify_greedy
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
 

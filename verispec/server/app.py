@@ -23,7 +23,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import BadRequest, CompletionRequest, error_body, find_stop, parse_completion, safe_prefix
+from .protocol import (
+    BadRequest,
+    CompletionRequest,
+    error_body,
+    find_stop,
+    parse_completion,
+    safe_prefix,
+)
 from .scheduler import Event, QueueFull, Scheduler, Submission
 
 MAX_BODY = 1 << 20  # bytes
@@ -162,7 +169,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
             while not all(c.done for c in choices):
                 try:
                     index, event = await asyncio.wait_for(queue.get(), timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if await http.is_disconnected():
                         cancel_all(choices)
                         return Response(status_code=499)

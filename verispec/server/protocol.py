@@ -68,9 +68,7 @@ def _integer(body: dict, name: str, default: int | None, low: int, high: int) ->
 
 def _prompts(value, encode, vocab_size: int) -> list[list[int]]:
     """prompt: a string, a list of strings, a list of token ids, or a list of token-id lists."""
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if isinstance(value, str) or isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         items = [value]
     elif isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
         items = value

@@ -112,7 +112,7 @@ class Scheduler:
             with torch.no_grad():
                 while self._turn():
                     pass
-        except BaseException as error:  # noqa: BLE001: every request still held must hear of it
+        except BaseException as error:  # noqa: BLE001 (every request still held must hear of it)
             self.error = error
             for submission in [s for s in self.rows if s is not None] + list(self.waiting):
                 submission.on_event(Event([], "error", error=f"the engine stopped: {error}"))
