@@ -328,9 +328,9 @@ def exact_other(target):
     return _exact_joint(target, SamplingParams(**OTHER_SETTING))
 
 
-def _mixed_counts(target, drafter, n: int, seed: int):
+def _mixed_counts(target, drafter, n: int, seed: int, second_mode: str = "invariant"):
     first = SamplingParams(**SETTING, max_new_tokens=TOKENS)
-    second = SamplingParams(**OTHER_SETTING, max_new_tokens=TOKENS, sampling="invariant")
+    second = SamplingParams(**OTHER_SETTING, max_new_tokens=TOKENS, sampling=second_mode)
     params = [replace(first if b % 2 == 0 else second, seed=row_seed(seed, b)) for b in range(n)]
     tokens = np.asarray(generate_all(target, [PROMPT] * n, params, drafter, k=3))
     cells = np.ravel_multi_index(tokens.T, (VOCAB,) * TOKENS)
@@ -342,6 +342,14 @@ def test_joint_distribution_is_exact_per_row_in_a_batch_of_mixed_settings(target
     counts = _mixed_counts(target, DRAFTERS[name](target, made), 2 * N, seed=900 + ["model", "ngram"].index(name))
     assert_distributed_as(counts[0], exact, are_counts=True, label=f"{name} rows at {SETTING}, rejection")
     assert_distributed_as(counts[1], exact_other, are_counts=True, label=f"{name} rows at {OTHER_SETTING}, invariant")
+
+
+def test_joint_distribution_is_exact_per_row_with_interleaved_settings_of_one_mode(target, made, exact, exact_other):
+    """Every row in rejection mode, two settings on alternate rows: the mode's rows are not one
+    run of the batch (a draw once handed row 1's token to row 2 here)."""
+    counts = _mixed_counts(target, DRAFTERS["model"](target, made), N, seed=950, second_mode="rejection")
+    assert_distributed_as(counts[0], exact, are_counts=True, label=f"rows at {SETTING} between rows at {OTHER_SETTING}")
+    assert_distributed_as(counts[1], exact_other, are_counts=True, label=f"rows at {OTHER_SETTING} between rows at {SETTING}")
 
 
 def test_negative_control_every_row_processed_with_the_first_rows_settings(target, made, exact, exact_other, monkeypatch):

@@ -4,7 +4,7 @@ pair on the default backend, driven by the official `openai` client and by raw H
 - the openai client: completions, streaming (the streamed text equals the whole), n > 1, usage;
 - no cross-talk: 32 concurrent greedy requests each return the tokens of plain decoding of
   their prompt (generate_all without a draft) while sampled requests with random settings run
-  beside them (a seeded sampled row alone and joined into a busy batch: tests/test_batch.py);
+  beside them; a seeded sampled request returns the same text alone and under load;
 - bad input: a table of malformed requests, each a 4xx naming the problem, then a fuzz run of
   random bodies (no 5xx, the server still answers, a control request unchanged);
 - disconnects: dropped streams leave no running row within a second.
@@ -125,13 +125,18 @@ def test_no_cross_talk_under_load(pair, server):
     rng = random.Random(3)
     noise = [{"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 40), "temperature": rng.choice([0.5, 1.0, 1.5]),
               "top_p": rng.choice([1.0, 0.9]), "top_k": rng.choice([0, 20]), "seed": rng.randrange(10**6)} for _ in range(16)]
+    seeded = {"prompt": PROMPTS[2], "max_tokens": 24, "temperature": 1.0, "seed": 1234}
+    alone = _post(server.url, seeded).json()["choices"][0]["text"]
     with ThreadPoolExecutor(max_workers=48) as pool:
-        jobs = [pool.submit(_post, server.url, {"prompt": p, "max_tokens": n, "temperature": 0}) for p, n in greedy]
-        jobs += [pool.submit(_post, server.url, body) for body in noise]
+        jobs = [pool.submit(_post, server.url, body) for body in noise]
+        loaded = pool.submit(_post, server.url, seeded)  # joins when a row frees, among rows of other settings
+        jobs += [pool.submit(_post, server.url, {"prompt": p, "max_tokens": n, "temperature": 0}) for p, n in greedy]
         answers = [job.result() for job in jobs]
+    answers = answers[len(noise):] + answers[: len(noise)]  # the greedy ones first
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
     for (prompt, n), answer in zip(greedy, answers):
         assert answer.json()["choices"][0]["text"] == _plain(pair, prompt, n), prompt
+    assert loaded.result().json()["choices"][0]["text"] == alone
 
 
 BAD = [

@@ -132,8 +132,8 @@ class RowSampling:
         for b, p in enumerate(rows):
             groups.setdefault(_settings(p), []).append(b)
         self.groups = [(rows[members[0]], members) for members in groups.values()]  # (settings, rows)
-        self._modes = {mode: [b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members]
-                       for mode in ("greedy", "invariant", "rejection")}
+        self._modes = {mode: sorted(b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members)
+                       for mode in ("greedy", "invariant", "rejection")}  # in row order: all rows of a mode are then the batch itself
         self.greedy = len(self._modes["greedy"]) == len(rows)  # every row at temperature 0
 
     def replace(self, rows: Sequence[int], params: Sequence[SamplingParams]) -> None:
