@@ -4,7 +4,7 @@
   settings and budgets) in free rows at random passes; some requests are cancelled at random
   (independently of their tokens); the completed PROMPT requests' 3-token continuations must
   match the exact joint distribution (chi-square at 1e-9, stats_helpers.py). Negative control:
-  a join that forgets the new row's pending token (it keeps the previous occupant's) fails.
+  a join that pends the wrong token (the prompt's token before its last) fails.
 - Greedy rows that join mid-way equal plain greedy decoding, for every drafter family and on
   llama.cpp; a seeded sampled row gives the same tokens alone and joined into a busy batch.
 - Bad joins are clear errors.
@@ -37,7 +37,6 @@ from verispec.engine import Batch, generate_all
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SLOTS = 48
-PLACEHOLDER = SamplingParams(temperature=0, max_new_tokens=1)
 OTHER_PROMPTS = [[1, 2, 3], [4], [0, 4, 4, 2, 1, 3], [3, 3]]
 
 
@@ -66,49 +65,50 @@ def churn(model, drafter, n: int, seed: int, batch_cls=Batch, k: int = 3) -> np.
     """Counts [V**3] of the 3-token continuations of n completed PROMPT requests, run through
     one Batch of SLOTS rows with joins at random passes, background requests and cancels."""
     rng = random.Random(seed)
-    batch = batch_cls(model, [[0]] * SLOTS, PLACEHOLDER, drafter, k=k, live=[False] * SLOTS, compiled=False, max_length=32)
-    kinds: list[str | None] = [None] * SLOTS  # "probe" (a PROMPT request), "other", or None (free)
-    outputs: list[list[int]] = [[] for _ in range(SLOTS)]
+    batch = batch_cls(model, [], [], drafter, k=k, capacity=SLOTS, compiled=False, max_length=32)
+    kinds: dict[int, str] = {}  # id -> "probe" (a PROMPT request) or "other"
+    outputs: dict[int, list[int]] = {}
     counts = np.zeros(VOCAB**TOKENS, dtype=np.int64)
-    started = done = 0
-    while done < n:
-        free = [row for row in range(SLOTS) if not batch.active[row]]
-        for row in free:
-            if kinds[row] == "probe" and batch.requests[row].finish_reason == "length":
-                counts[np.ravel_multi_index(outputs[row], (VOCAB,) * TOKENS)] += 1
+    started = done = next_id = 0
+
+    def left():
+        nonlocal done
+        for i, request in batch.finished:
+            if kinds.pop(i) == "probe" and request.finish_reason == "length":
+                counts[np.ravel_multi_index(outputs[i], (VOCAB,) * TOKENS)] += 1
                 done += 1
-            kinds[row] = None
-        joining = [row for row in free if rng.random() < 0.7]  # not every free row at every pass
-        rows, prompts, params = [], [], []
-        for row in joining:
-            if rng.random() < 0.75 and started < n + n // 8:
-                prompt, p = PROMPT, SamplingParams(**SETTING, max_new_tokens=TOKENS, seed=rng.randrange(2**40))
-                kinds[row], started = "probe", started + 1
+            outputs.pop(i)
+
+    while done < n:
+        prompts, params, ids = [], [], []
+        for _ in range(SLOTS - len(batch)):
+            if rng.random() < 0.3:  # not every free row at every pass
+                continue
+            if rng.random() < 0.75:
+                prompt, p, kind = PROMPT, SamplingParams(**SETTING, max_new_tokens=TOKENS, seed=rng.randrange(2**40)), "probe"
             else:
-                (prompt, p), kinds[row] = _other(rng), "other"
-            rows.append(row), prompts.append(prompt), params.append(p)
-            outputs[row] = []
-        if rows:
-            batch.join(rows, prompts, params)
-        running = [row for row in range(SLOTS) if batch.active[row]]
-        cancelled = [row for row in running if rng.random() < 0.01]  # chosen without looking at the tokens
-        batch.cancel(cancelled)
-        if not any(batch.active):
-            if started >= n + n // 8 and not any(kinds[r] == "probe" for r in range(SLOTS)):
-                started = 0  # every probe was cancelled or done: start more
+                (prompt, p), kind = _other(rng), "other"
+            prompts.append(prompt), params.append(p), ids.append(next_id)
+            kinds[next_id], outputs[next_id], next_id = kind, [], next_id + 1
+        if ids:
+            batch.join(prompts, params, ids)
+        batch.cancel([i for i in batch.ids if rng.random() < 0.01])  # chosen without looking at the tokens
+        left()
+        if not len(batch):
             continue
-        for row, tokens in enumerate(batch.step()):
-            outputs[row].extend(tokens)
+        for i, tokens in batch.step().items():
+            outputs[i].extend(tokens)
+        left()
     return counts
 
 
-class ForgetsThePendingToken(Batch):
-    """A planted churn bug: a joining row keeps its previous occupant's pending token."""
+class PendsTheWrongToken(Batch):
+    """A planted churn bug: a joining row's pending token is its prompt's token before the last."""
 
-    def join(self, rows, prompts, params):
-        old = list(self.pending_ids)
-        super().join(rows, prompts, params)
-        self.pending_ids = [old[r] if r in rows and old[r] != 0 else p for r, p in enumerate(self.pending_ids)]
+    def join(self, prompts, params, ids):
+        super().join(prompts, params, ids)
+        for offset, prompt in enumerate(prompts, start=len(self.ids) - len(prompts)):
+            self.pending_ids[offset] = prompt[-2] if len(prompt) > 1 else prompt[-1]
         self.pending = torch.tensor(self.pending_ids)
 
 
@@ -118,8 +118,8 @@ def test_joint_distribution_is_exact_under_churn(target, made, exact, name):
     assert_distributed_as(counts, exact, are_counts=True, label=f"churn {name} {SETTING} k=3")
 
 
-def test_negative_control_a_join_that_keeps_the_old_pending_token(target, made, exact):
-    counts = churn(target, DRAFTERS["model"](target, made), 6_000, seed=790, batch_cls=ForgetsThePendingToken)
+def test_negative_control_a_join_that_pends_the_wrong_token(target, made, exact):
+    counts = churn(target, DRAFTERS["model"](target, made), 6_000, seed=790, batch_cls=PendsTheWrongToken)
     assert not is_distributed_as(counts, exact, are_counts=True)
 
 
@@ -130,24 +130,21 @@ def _joined_midway(model, drafter, prompts, params, k=3) -> list[list[int]]:
     """prompts[i] with params[i] joined one by one into a batch already running other requests;
     returns each one's tokens."""
     rng = random.Random(5)
-    slots = len(prompts) + 3
-    batch = Batch(model, [[0]] * slots, PLACEHOLDER, drafter, k=k, live=[False] * slots, compiled=False, max_length=64)
-    outputs = {}
+    batch = Batch(model, [], [], drafter, k=k, capacity=len(prompts) + 3, compiled=False, max_length=64)
+    background = [_other(rng) for _ in range(3)]
+    batch.join([p for p, _ in background], [replace(q, max_new_tokens=40) for _, q in background], ["bg0", "bg1", "bg2"])
+    outputs: dict[int, list[int]] = {}
     waiting = list(range(len(prompts)))
-    where: dict[int, int] = {}
-    background = [(r, *_other(rng)) for r in range(len(prompts), slots)]
-    batch.join([r for r, _, _ in background], [p for _, p, _ in background], [replace(q, max_new_tokens=40) for _, _, q in background])
-    while waiting or any(batch.active[r] for r in where):
+    while waiting or any(i in outputs for i in batch.ids):
         if waiting and rng.random() < 0.5:
             i = waiting.pop(0)
-            where[i] = i
-            batch.join([i], [prompts[i]], [params[i]])
+            batch.join([prompts[i]], [params[i]], [i])
             outputs[i] = []
-        if not any(batch.active):
+        if not len(batch):
             continue
-        for row, tokens in enumerate(batch.step()):
-            if row in outputs:
-                outputs[row].extend(tokens)
+        for i, tokens in batch.step().items():
+            if i in outputs:
+                outputs[i].extend(tokens)
     batch.close()
     return [outputs[i] for i in range(len(prompts))]
 
@@ -177,15 +174,40 @@ def test_a_seeded_row_gives_the_same_tokens_alone_and_joined_into_a_busy_batch(t
 
 
 def test_bad_joins_are_clear_errors(target, made):
-    batch = Batch(target, [[0]] * 2, PLACEHOLDER, DRAFTERS["model"](target, made), k=2, live=[True, False], compiled=False, max_length=32)
-    with pytest.raises(ValueError, match="row 0 is not a free row"):
-        batch.join([0], [PROMPT], [GREEDY])
-    with pytest.raises(ValueError, match="row 5 is not a free row"):
-        batch.join([5], [PROMPT], [GREEDY])
+    batch = Batch(target, [], [], DRAFTERS["model"](target, made), k=2, capacity=2, compiled=False, max_length=32)
+    batch.join([PROMPT], [GREEDY], ["a"])
+    with pytest.raises(ValueError, match="ids must be distinct"):
+        batch.join([PROMPT], [GREEDY], ["a"])
+    with pytest.raises(ValueError, match="holds 2 rows; 1 run and 2 asked to join"):
+        batch.join([PROMPT, PROMPT], [GREEDY, GREEDY], ["b", "c"])
     with pytest.raises(ValueError, match="exceeds the batch's max_length"):
-        batch.join([1], [PROMPT], [replace(GREEDY, max_new_tokens=40)])
+        batch.join([PROMPT], [replace(GREEDY, max_new_tokens=40)], ["b"])
     with pytest.raises(ValueError, match="prompts\\[0\\] is empty"):
-        batch.join([1], [[]], [GREEDY])
-    assert batch.active == [True, False]  # nothing changed
-    batch.join([1], [PROMPT], [GREEDY])
-    assert batch.active == [True, True]
+        batch.join([[]], [GREEDY], ["b"])
+    with pytest.raises(ValueError, match="one SamplingParams and one id per prompt"):
+        batch.join([PROMPT], [GREEDY], [])
+    assert batch.ids == ["a"] and len(batch.cache.host_lengths) == 1  # nothing changed
+    batch.join([PROMPT], [GREEDY], ["b"])
+    assert batch.ids == ["a", "b"]
+    batch.cancel(["a"])
+    assert batch.ids == ["b"] and [i for i, _ in batch.finished] == ["a"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_are_the_targets_raw_log_probabilities_of_the_committed_tokens(target, made, temperature):
+    params = SamplingParams(temperature=temperature, max_new_tokens=10, seed=3)
+    batch = Batch(target, [], [], DRAFTERS["model"](target, made), k=3, capacity=3, compiled=False, max_length=32)
+    batch.join([PROMPT, [1, 2, 3]], [params, params], ["with", "without"], logprobs=[2, None])
+    tokens, logprobs = [], []
+    while "with" in batch.ids:
+        tokens += batch.step().get("with", [])
+        assert "without" not in batch.last_logprobs
+        logprobs += batch.last_logprobs.get("with", [])
+    assert len(logprobs) == len(tokens) == 10
+    with torch.no_grad():
+        reference = torch.log_softmax(target(torch.tensor([PROMPT + tokens]))[0, len(PROMPT) - 1 : -1].float(), dim=-1)  # [10, V]
+    for j, (token, (chosen, top)) in enumerate(zip(tokens, logprobs)):
+        assert chosen == pytest.approx(float(reference[j, token]), abs=1e-5)
+        assert len(top) == 2 and max(top.values()) == pytest.approx(float(reference[j].max()), abs=1e-5)
+        if temperature == 0:
+            assert chosen == pytest.approx(max(top.values()), abs=1e-6)  # greedy: the chosen token is the most likely

@@ -28,12 +28,12 @@ class Scripted:
     def __init__(self, ks: list[int]):
         self.ks, self.k_max, self.step = ks, max(ks), 0
 
-    def choose(self) -> int:
+    def choose(self, batch: int = 1) -> int:
         k = self.ks[min(self.step, len(self.ks) - 1)]
         self.step += 1
         return k
 
-    def observe(self, *args) -> None:
+    def observe(self, *args, **kwargs) -> None:
         pass
 
 
@@ -167,3 +167,32 @@ def test_a_float32_beta_just_above_one_is_taken_as_one():
     policy = AdaptiveLength(k_max=4, prior_c=0.1, prior_r=[1.0] * 5, prior_weight=0.0)  # the betas alone
     policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1)
     assert policy.alphas() == [1.0] * 4 and policy.choose() == 4
+
+
+def _feed_batches(policy: AdaptiveLength, batches: list[int], alpha: float, t_target, t_draft: float, iterations: int) -> dict[int, list[int]]:
+    """Synthetic passes at several batch sizes, in turn: t_target(N) over the N = B*(k+1)
+    positions of a pass, t_draft seconds per proposed token over all rows. Returns each batch
+    size's choices."""
+    chosen: dict[int, list[int]] = {b: [] for b in batches}
+    for i in range(iterations):
+        batch = batches[i % len(batches)]
+        k = policy.choose(batch=batch)
+        chosen[batch].append(k)
+        policy.observe(k, [alpha * batch] * k, [batch] * k, t_draft * batch * k, t_target(batch * (k + 1)), batch=batch)
+    return chosen
+
+
+def test_adaptive_backs_off_where_the_batch_makes_the_pass_compute_bound():
+    # a pass costs the same up to 16 positions (memory-bound), then grows like the positions (compute-bound)
+    t_target = lambda n: max(1.0, n / 16)  # noqa: E731
+    chosen = _feed_batches(AdaptiveLength(k_max=8), [1, 32], alpha=0.8, t_target=t_target, t_draft=0.02, iterations=400)
+    assert chosen[1][-1] >= 3  # one row: 4+ positions cost what one does
+    assert chosen[32][-20:] == [0] * 20 or max(chosen[32][-20:]) <= 1  # 32 rows: every extra position costs in full: plain (or a probe)
+    assert chosen[32][-20:].count(0) >= 18
+
+
+def test_adaptive_without_batch_sizes_is_what_it_was():
+    # batch 1 throughout: the same choices as before batch sizes were counted
+    a = _feed(AdaptiveLength(k_max=8), alpha=0.7, t_draft=0.05, t_target=lambda n: 1.0 + 0.1 * n)
+    b = _feed_batches(AdaptiveLength(k_max=8), [1], alpha=0.7, t_target=lambda n: 1.0 + 0.1 * n, t_draft=0.05, iterations=60)[1]
+    assert a == b

@@ -40,11 +40,11 @@ class Cycle:
     def __init__(self, lengths: tuple[int, ...]):
         self.lengths, self.k_max, self.calls = lengths, max(lengths), 0
 
-    def choose(self) -> int:
+    def choose(self, batch: int = 1) -> int:
         self.calls += 1
         return self.lengths[(self.calls - 1) % len(self.lengths)]
 
-    def observe(self, k, beta_sums, verified, draft_s, target_s) -> None:
+    def observe(self, k, beta_sums, verified, draft_s, target_s, batch=1) -> None:
         pass
 
 

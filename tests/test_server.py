@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,27 +36,19 @@ PROMPTS = ["def quicksort(arr):", "import os\n", "class Stack:\n    def __init__
 
 
 class Running:
-    def __init__(self, target, draft, tokenizer, k=3, max_batch=8):
-        import uvicorn
+    """The built-in pair behind a server in a thread of this process (server/run.py)."""
 
-        from verispec.server.run import build
+    def __init__(self, target, draft, tokenizer, k=3, max_batch=8):
+        from verispec.server.run import build, start_in_thread
 
         eos = (target.config.eos_token_id,)
         self.app, self.scheduler = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(k),
                                          max_batch=max_batch, max_waiting=64, max_model_len=MAX_MODEL_LEN, eos=eos)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.handle = start_in_thread(self.app)
+        self.url = self.handle.url
 
     def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.handle.stop()
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +170,8 @@ BAD = [
     ("unknown model", {"prompt": "a", "model": "gpt-4"}, 404, "does not exist"),
     ("model a number", {"prompt": "a", "model": 3}, 400, "'model' must be a string"),
     ("echo", {"prompt": "a", "echo": True}, 400, "'echo' is not supported"),
+    ("logprobs too many", {"prompt": "a", "logprobs": 6}, 400, "'logprobs' must be in"),
+    ("logprobs a string", {"prompt": "a", "logprobs": "2"}, 400, "'logprobs' must be an integer"),
     ("best_of", {"prompt": "a", "best_of": 3}, 400, "'best_of'"),
     ("penalty", {"prompt": "a", "presence_penalty": 1.0}, 400, "'presence_penalty'"),
     ("sampling mode", {"prompt": "a", "sampling": "magic"}, 400, "'sampling' must be one of"),
@@ -256,7 +249,10 @@ def _running(url: str) -> float:
 
 
 def test_dropped_streams_free_their_rows_within_a_second(server):
-    for _ in range(5):  # 50 streams, 10 at a time
+    import gc
+    import tracemalloc
+
+    def drop_ten_streams() -> None:
         clients = [httpx.Client(timeout=60) for _ in range(10)]
         streams = []
         for http, prompt in zip(clients, PROMPTS + PROMPTS):
@@ -275,4 +271,75 @@ def test_dropped_streams_free_their_rows_within_a_second(server):
         while _running(server.url) > 0 and time.time() < deadline:
             time.sleep(0.02)
         assert _running(server.url) == 0
+        assert len(server.scheduler.batch) == 0 and not server.scheduler.waiting
+
+    drop_ten_streams()  # warm up (allocators, connection pools)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(5):  # 50 streams, 10 at a time
+        drop_ten_streams()
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert after - before < 1_000_000, after - before  # no per-request state left behind (Python objects, bytes)
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+
+
+def test_logprobs_are_the_targets_log_probabilities_of_the_returned_tokens(pair, client):
+    import torch
+
+    target, _, tokenizer = pair
+    whole = client.completions.create(model="pair", prompt=PROMPTS[1], max_tokens=8, temperature=0, logprobs=2)
+    logprobs = whole.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == whole.usage.completion_tokens == len(logprobs.tokens) == len(logprobs.top_logprobs)
+    assert "".join(logprobs.tokens) == whole.choices[0].text
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+    prompt = tokenizer.encode(PROMPTS[1]).ids
+    generated = tokenizer.encode(whole.choices[0].text).ids
+    with torch.no_grad():
+        reference = torch.log_softmax(target(torch.tensor([prompt + generated]))[0, len(prompt) - 1 : -1].float(), dim=-1)
+    for j, (chosen, top) in enumerate(zip(logprobs.token_logprobs, logprobs.top_logprobs)):
+        assert len(top) == 2 and chosen == pytest.approx(max(top.values()), abs=1e-6)  # greedy: the most likely token
+        assert chosen == pytest.approx(float(reference[j].max()), abs=2e-3)
+    streamed = []
+    for chunk in client.completions.create(model="pair", prompt=PROMPTS[1], max_tokens=8, temperature=0, logprobs=2, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == pytest.approx(logprobs.token_logprobs, abs=1e-6)
+
+
+CHATML = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def test_chat_completions_render_the_models_template(pair, tmp_path):
+    from verispec.server.chat import load_chat_template, render
+    from verispec.server.run import build, start_in_thread
+
+    target, draft, tokenizer = pair
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|endoftext|>"}))
+    template = load_chat_template(tmp_path)
+    assert template == (CHATML, {"bos_token": "", "eos_token": "<|endoftext|>"})
+    assert load_chat_template(TARGET_DIR) is None  # the built-in pair has none
+    app, _ = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(3), max_batch=4,
+                   max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,), chat_template=template)
+    running = start_in_thread(app)
+    try:
+        chat = openai.OpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def quicksort(arr):"}]
+        answer = chat.chat.completions.create(model="pair", messages=messages, max_tokens=16, temperature=0)
+        rendered = render(CHATML, template[1], messages)
+        assert answer.choices[0].message.content == _plain(pair, rendered, 16)
+        assert answer.choices[0].message.role == "assistant" and answer.object == "chat.completion"
+        assert answer.usage.prompt_tokens == len(tokenizer.encode(rendered).ids)
+        pieces = [c.choices[0].delta.content or "" for c in chat.chat.completions.create(model="pair", messages=messages, max_tokens=16,
+                                                                                         temperature=0, stream=True) if c.choices]
+        assert "".join(pieces) == answer.choices[0].message.content
+        for body, message in [({"messages": []}, "non-empty list"), ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+                              ({"messages": [{"role": "user", "content": 5}]}, "content"),
+                              ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools")]:
+            refused = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=30)
+            assert refused.status_code == 400 and message in refused.json()["error"]["message"], (body, refused.text)
+    finally:
+        running.stop()

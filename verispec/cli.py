@@ -172,6 +172,26 @@ def _parser() -> argparse.ArgumentParser:
     _add_confidence_argument(srv)
     _add_backend_arguments(srv)
 
+    bsv = commands.add_parser("bench-serve", help="load `verispec serve` on this machine: throughput and latency against concurrency, "
+                              "for plain decoding, a fixed k and auto, interleaved")
+    bsv.add_argument("--url", help="a server already running on this machine (loopback) instead of starting them here")
+    bsv.add_argument("--modes", default="plain,4,auto", help="with no --url: the servers started here: plain, a draft length, auto (default plain,4,auto)")
+    bsv.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent requests, comma-separated (default 1,2,4,8,16,32)")
+    bsv.add_argument("--prompts", help="JSON lines with a \"prompt\" each (default: the built-in held-out prompts)")
+    bsv.add_argument("--requests", type=_positive, default=None, help="requests per level and mode (default max(8, 2 x concurrency))")
+    bsv.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of each request (default 64)")
+    bsv.add_argument("--temperature", type=float, default=0.0, help="of each request (default 0)")
+    bsv.add_argument("--repeats", type=_positive, default=1, help="rounds of every mode at every level (default 1)")
+    bsv.add_argument("--max-batch", type=_positive, default=8, help="the servers' --max-batch (default 8)")
+    bsv.add_argument("--target", help="target model for the servers started here; default: the built-in pair")
+    bsv.add_argument("--draft", help="draft model, 'ngram' or 'early-exit:L' (default: the built-in draft with the built-in target)")
+    bsv.add_argument("--k-max", type=int, default=8, help="auto's longest draft (default 8)")
+    bsv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    bsv.add_argument("--json", metavar="OUT", help="write every level and the medians here")
+    bsv.add_argument("--csv", metavar="OUT", help="write the medians here")
+    bsv.add_argument("--plot", metavar="OUT", help="write a plot of throughput against concurrency here (PNG; needs matplotlib)")
+    _add_backend_arguments(bsv)
+
     train = commands.add_parser("train", help="prepare the corpus, pretrain the target, cache its distributions, or distil the draft")
     train.add_argument("what", choices=["data", "target", "teacher", "draft", "export"],
                        help="teacher: cache the --teacher's top-k next-token distributions over the training split (resumable); "
@@ -452,7 +472,7 @@ def _generate(args: argparse.Namespace) -> int:
         longest = max(map(len, prompt_ids))
         profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, batch_size=len(prompt_ids),
                                 context_length=longest + max(budgets if isinstance(budgets, list) else [budgets]) // 2, repeats=3)
-        k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r)
+        k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r, prior_batch=len(prompt_ids))
         plain_step_s = profile.target_s[0]
     stats = SpecStats()
     generated: list[list[int]] = [[] for _ in texts]
@@ -931,17 +951,86 @@ def _serve(args: argparse.Namespace) -> int:
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)
     name = args.model_name or Path(args.target).name
+    from .server.chat import load_chat_template
+
     app, scheduler = build(target, drafter, tokenizer, model_name=name, k=k, max_batch=args.max_batch,
-                           max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=eos)
+                           max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=eos,
+                           chat_template=load_chat_template(args.target))
     print(f"verispec serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
     run(app, args.host, args.port)
     return 0
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    import json
+    from urllib.parse import urlparse
+
+    try:
+        from .server.loadgen import as_dict, bench_serve, plot, summarize, write_csv
+        from .server.run import build, start_in_thread
+    except ImportError as error:
+        return _fail(f"verispec bench-serve needs the serve extra (pip install 'verispec[serve]'): {error}")
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip().isdigit()]
+    if not levels or len(levels) != len(args.concurrency.split(",")) or min(levels) < 1 or max(levels) > 256:
+        return _fail(f"--concurrency must be integers in [1, 256], comma-separated, got {args.concurrency!r}")
+    for flag in ("json", "csv", "plot"):
+        if getattr(args, flag) is not None:
+            _check_writable(getattr(args, flag), f"--{flag}")
+    from .pair import HELDOUT_PROMPTS
+
+    prompts = _read_prompts(args.prompts or str(HELDOUT_PROMPTS), None)
+    started = []
+    if args.url is not None:
+        host = urlparse(args.url).hostname
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            return _fail(f"--url must be a server on this machine (127.0.0.1, localhost or ::1), got {args.url!r}")
+        servers = {"server": args.url.rstrip("/")}
+    else:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        bad = [m for m in modes if m not in ("plain", "auto") and not m.isdigit()]
+        if bad or not modes:
+            return _fail(f"--modes takes plain, auto and draft lengths, got {args.modes!r}")
+        _default_pair(args)
+        dtype = parse_dtype(args.dtype)
+        target, tokenizer = _target(args, dtype)
+        eos = target.config.eos_token_id
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        servers = {}
+        for mode in modes:
+            drafter = None if mode == "plain" else _drafter(args.draft, dtype, target, args.target, args)
+            k = FixedLength(0) if mode == "plain" else AdaptiveLength(k_max=args.k_max) if mode == "auto" else FixedLength(int(mode))
+            app, _ = build(target, drafter, tokenizer,  # one target for all: one server is loaded at a time
+                           model_name="bench", k=k, max_batch=args.max_batch, max_model_len=min(1024, target.config.max_position_embeddings), eos=eos)
+            handle = start_in_thread(app)
+            started.append(handle)
+            servers["plain" if mode == "plain" else f"k={mode}"] = handle.url
+    try:
+        def say(level) -> None:
+            print(f"{level.mode:>8} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s  TTFT p50 {level.ttft_p50_s * 1e3:7.1f} ms"
+                  f"  ITL p50 {level.itl_p50_s * 1e3:6.1f} ms p99 {level.itl_p99_s * 1e3:6.1f} ms  errors {level.errors}", file=sys.stderr)
+
+        results = bench_serve(servers, prompts, levels, args.requests, args.max_tokens, args.temperature, args.repeats, say)
+    finally:
+        for handle in started:
+            handle.stop()
+    rows = summarize(results)
+    for row in rows:
+        ratio = f"  {row['throughput_vs_plain']:.2f}x plain" if "throughput_vs_plain" in row else ""
+        print(f"{row['mode']:>8} c={row['concurrency']:<3} {row['throughput_tok_s']:8.1f} tok/s{ratio}  TTFT p50 {row['ttft_p50_s'] * 1e3:.1f} ms"
+              f"  ITL p50/p99 {row['itl_p50_s'] * 1e3:.1f}/{row['itl_p99_s'] * 1e3:.1f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "levels": [as_dict(lv) for lv in results], "medians": rows}, indent=2))
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
 _COMMANDS = {
     "generate": _generate, "plan": _plan, "check": _check, "quantize": _quantize, "profile": _profile,
-    "bench": _bench, "serve": _serve, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
+    "bench": _bench, "bench-serve": _bench_serve, "serve": _serve, "train": _train, "perplexity": _perplexity, "toy": _toy, "convert": _convert,
 }
 
 

@@ -39,12 +39,12 @@ from .theory import refined_optimal_k, refined_speedup
 class DraftLengthPolicy(Protocol):
     k_max: int
 
-    def choose(self) -> int:
-        """The draft length for the next iteration, in 0..k_max."""
+    def choose(self, batch: int = 1) -> int:
+        """The draft length for the next iteration of `batch` rows, in 0..k_max."""
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
-        """After an iteration with draft length k: per draft position, the sum of beta over the
-        active rows' verified positions and their number; the seconds spent drafting and the rest."""
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
+        """After an iteration of `batch` rows with draft length k: per draft position, the sum of
+        beta over the rows' verified positions and their number; the seconds spent drafting and the rest."""
 
 
 @dataclass
@@ -58,10 +58,10 @@ class FixedLength:
     def k_max(self) -> int:
         return self.k
 
-    def choose(self) -> int:
+    def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
         pass
 
 
@@ -104,9 +104,10 @@ class AdaptiveLength:
     min_evidence: int = 8  # betas at the first position before the policy stops drafting altogether
     prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
+    prior_batch: int = 1  # the batch size prior_r was measured at
     _alpha: list[_Mean] = field(init=False, repr=False)
-    _target: dict[int, _Mean] = field(init=False, repr=False)
-    _draft: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by k
+    _target: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
+    _draft: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by tokens proposed: batch * k
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -119,6 +120,8 @@ class AdaptiveLength:
             raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
         if self.prior_c is not None and not (isinstance(self.prior_c, (int, float)) and self.prior_c >= 0):
             raise ValueError(f"prior_c must be a number >= 0, got {self.prior_c!r}")
+        if not isinstance(self.prior_batch, int) or self.prior_batch < 1:
+            raise ValueError(f"prior_batch must be an integer >= 1, got {self.prior_batch!r}")
         if self.prior_r is not None:
             self.prior_r = tuple(float(x) for x in self.prior_r)
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
@@ -138,7 +141,8 @@ class AdaptiveLength:
         return out
 
     def target_seconds(self, n: int) -> float | None:
-        """t_target(n): measured, else linear in n through the two nearest measured points."""
+        """t_target of a pass over n positions in all (batch * (k + 1)): measured, else linear in
+        n through the two nearest measured points."""
         if n in self._target:
             return self._target[n].get(0.0)
         known = sorted((m, mean.get(0.0)) for m, mean in self._target.items())
@@ -156,21 +160,24 @@ class AdaptiveLength:
         slope = max((t1 - t0) / (m1 - m0), 0.0)
         return max(t0 + slope * (n - m0), 1e-9)
 
-    def _prior_ratio(self, n: int) -> float:
-        """r(n) from the profile (extended linearly past its end), else 1 + 5% per position."""
+    def _prior_ratio(self, n: float) -> float:
+        """The shape of t_target over n positions in all: the profile's r at n / prior_batch
+        positions per row (linear between and past its points), else 1 + 5% per position."""
         r = self.prior_r
         if not r:
             return 1 + 0.05 * (n - 1)
-        if n <= len(r):
-            return r[n - 1]
+        x = max(n / self.prior_batch, 1.0)
+        if x <= len(r):
+            low = int(x)
+            return r[low - 1] + (x - low) * ((r[low] if low < len(r) else r[-1]) - r[low - 1])
         slope = (r[-1] - r[0]) / max(len(r) - 1, 1)
-        return r[-1] + slope * (n - len(r))
+        return r[-1] + slope * (x - len(r))
 
     def draft_cost(self) -> tuple[float, float] | None:
-        """(fixed seconds per drafting pass, seconds per proposed token) from the measured passes:
-        a least-squares line through t_draft(k) when two or more k were timed (a draft model whose
-        weights the target's pass pushed out of the cache pays more for its first token), else
-        t_draft(k) / k per token. None before any."""
+        """(fixed seconds per drafting pass, seconds per proposed token, over all rows) from the
+        measured passes: a least-squares line through t_draft over the tokens proposed (batch * k)
+        when two or more counts were timed (a draft model whose weights the target's pass pushed
+        out of the cache pays more for its first token), else t_draft / tokens. None before any."""
         points = [(k, mean.get(0.0)) for k, mean in sorted(self._draft.items())]
         if not points:
             return None
@@ -183,24 +190,26 @@ class AdaptiveLength:
         fixed = mean_t - slope * mean_k
         return (fixed, slope) if slope > 0 and fixed >= 0 else (0.0, per_token)
 
-    def _model_inputs(self) -> tuple[list[float], float, list[float]] | None:
-        """(alphas, c, r(1..k_max+1)) for the refined model, or None before anything is known.
-        A fixed draft cost per drafting pass is folded into r(n) for n >= 2 (in units of t(1)),
-        so that c is the cost of one more proposed token."""
-        t1 = self.target_seconds(1)
+    def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
+        """(alphas, c, r(1..k_max+1)) for the refined model at this batch size, or None before
+        anything is known: r(n) = t_target(batch * n) / t_target(batch), so that r grows like n
+        once a pass over the batch's positions is compute-bound and drafting stops paying.
+        A fixed draft cost per drafting pass is folded into r(n) for n >= 2 (in units of
+        t_target(batch)), so that c is the cost of one more proposed token per row."""
+        t1 = self.target_seconds(batch)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
-            r = [self._prior_ratio(n) / self._prior_ratio(1) for n in range(1, self.k_max + 2)]
+            r = [self._prior_ratio(batch * n) / self._prior_ratio(batch) for n in range(1, self.k_max + 2)]
             return self.alphas(), self.prior_c, r
         cost = self.draft_cost()
         if t1 is None or (cost is None and self.prior_c is None):
             return None
-        fixed, per_token = cost if cost is not None else (0.0, self.prior_c * t1)
-        r = [1.0] + [(self.target_seconds(n) + fixed) / t1 for n in range(2, self.k_max + 2)]
-        return self.alphas(), per_token / t1, r
+        fixed, per_token = cost if cost is not None else (0.0, self.prior_c * t1 / batch)
+        r = [1.0] + [(self.target_seconds(batch * n) + fixed) / t1 for n in range(2, self.k_max + 2)]
+        return self.alphas(), per_token * batch / t1, r
 
-    def predicted_speedups(self) -> list[float]:
-        """S(k) for k = 0..k_max from the current estimates (S(0) = 1); [] before any."""
-        inputs = self._model_inputs()
+    def predicted_speedups(self, batch: int = 1) -> list[float]:
+        """S(k) for k = 0..k_max at this batch size from the current estimates (S(0) = 1); [] before any."""
+        inputs = self._model_inputs(batch)
         if inputs is None:
             return []
         alphas, c, r = inputs
@@ -208,13 +217,13 @@ class AdaptiveLength:
 
     # ---- the policy
 
-    def choose(self) -> int:
-        inputs = self._model_inputs()
+    def choose(self, batch: int = 1) -> int:
+        inputs = self._model_inputs(batch)
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
-            return 0 if self.target_seconds(1) is None else min(4, self.k_max)
+            return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
         best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
-        if 0 < best < self.k_max and len(self._draft) == 1 and best in self._draft:
+        if 0 < best < self.k_max and len(self._draft) == 1 and best * batch in self._draft:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
         probing = self._alpha[0].count < self.min_evidence or self._since_draft + 1 >= self.probe_every
         if best == 0 and probing:
@@ -225,13 +234,13 @@ class AdaptiveLength:
                 return 1
         return best
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float) -> None:
-        self._target.setdefault(k + 1, _Mean(self.decay)).add(target_s)
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
+        self._target.setdefault(batch * (k + 1), _Mean(self.decay)).add(target_s)
         if k == 0:
             self._since_draft += 1
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
-            self._draft.setdefault(k, _Mean(self.decay)).add(draft_s)
+            self._draft.setdefault(batch * k, _Mean(self.decay)).add(draft_s)
         self._since_draft, self._drafted = 0, True
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0

@@ -75,11 +75,11 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
     return tokens, ("length" if len(tokens) == budget else None)
 
 
-def _score(target, input_ids: torch.Tensor, cache, sampling: RowSampling) -> torch.Tensor:
+def _score(target, input_ids: torch.Tensor, cache, sampling: RowSampling, logits: bool = False) -> torch.Tensor:
     """The target's pass over input_ids [B, k+1], as the rule needs it: when every row is at
-    temperature 0 the argmax ids [B, k+1] (`forward_argmax` where the model offers it: no
-    logits tensor); else the raw logits [B, k+1, V]."""
-    if sampling.greedy:
+    temperature 0 (and `logits` is not asked for) the argmax ids [B, k+1] (`forward_argmax`
+    where the model offers it: no logits tensor); else the raw logits [B, k+1, V]."""
+    if sampling.greedy and not logits:
         forward_argmax = getattr(target, "forward_argmax", None)
         return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
     return target(input_ids, cache)
@@ -139,18 +139,22 @@ def _rule(
 
 
 class Batch:
-    """Rows decoding together, one target pass per `step`; rows may join and leave between passes.
+    """Requests decoding together, one target pass per `step`; they join and leave between passes.
 
-    Built over `prompts` (every row's prompt prefilled at once); `live[b]` False makes row b a
-    free slot (its prompt a placeholder that never generates). `join(rows, prompts, params)`
-    starts new requests in free slots (their prompts prefilled then, one call per model), and
-    `cancel(rows)` ends requests; a row that reaches its budget or a stop token leaves by
-    itself. Every row has its own settings, budget, stop tokens and random stream, so a seeded
-    row's tokens do not depend on the rows beside it or on when it joined (at a fixed k: with
-    a draft model in rejection mode the draws depend on the k of each pass; invariant mode
-    and prompt lookup do not). `max_length` bounds every row's prompt + budget + k_max + 1.
-    The compiled step (llama.cpp) is used only by batches that never take a row later
-    (`compiled=True`, `generate`'s case): its state is its own.
+    The batch's rows are its running requests, each with an id (`ids`): `join(prompts, params,
+    ids)` adds rows after the others (their prompts prefilled then, one call per model), a row
+    that reaches its budget or a stop token leaves after its last pass, and `cancel(ids)` ends
+    requests early. Rows that leave are dropped from every per-row state (`keep_rows` on the
+    caches, the drafter and the sampling), so a pass costs what the running requests cost.
+    Every row has its own settings, budget, stop tokens and random stream, so a seeded row's
+    tokens do not depend on the rows beside it or on when it joined (at a fixed k: with a
+    draft model in rejection mode the draws depend on the k of each pass; invariant mode and
+    prompt lookup do not). `max_length` bounds every row's prompt + budget + k_max + 1;
+    `capacity` the rows at once (default: the first prompts).
+
+    The compiled step (llama.cpp with a llama.cpp draft or none: `compiled=True`, `generate`'s
+    case) runs a batch that never takes a row later; its rows stay in place when they finish
+    (it skips them), as its state is its own.
     """
 
     @torch.no_grad()
@@ -164,19 +168,25 @@ class Batch:
         stats: SpecStats | None = None,
         *,
         max_length: int | None = None,
-        live: Sequence[bool] | None = None,
+        capacity: int | None = None,
         compiled: bool = True,
+        count_requests: bool = True,
     ):
         policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
         if drafter is None:
             policy = FixedLength(0)
+        empty = capacity is not None and isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)) and len(prompts) == 0
+        if empty:  # no request yet: the caches are made for `capacity` rows, then emptied
+            if not isinstance(capacity, int) or capacity < 1 or max_length is None:
+                raise ValueError("a batch without prompts needs capacity >= 1 and max_length")
+            prompts, params, compiled = [[0]] * capacity, SamplingParams(temperature=0, max_new_tokens=1), False
         prompts = _check_prompts(prompts, target.vocab_size)
         device, batch = target.device, len(prompts)
         self.target, self.drafter, self.policy, self.device = target, drafter, policy, device
+        self.capacity = capacity or batch
+        if self.capacity < batch:
+            raise ValueError(f"capacity ({self.capacity}) is below the number of prompts ({batch})")
         self.sampling = RowSampling(params, batch, device)
-        self.active = [True] * batch if live is None else [bool(x) for x in live]
-        if len(self.active) != batch:
-            raise ValueError(f"live needs one flag per prompt ({batch}), got {len(self.active)}")
         budgets = [p.max_new_tokens for p in self.sampling.params]
         check_context(target, prompts, budgets)
         needed = max(len(p) + n for p, n in zip(prompts, budgets)) + policy.k_max + 1
@@ -184,10 +194,18 @@ class Batch:
             raise ValueError(f"max_length ({max_length}) is below the longest prompt plus its budget and k_max + 1 ({needed})")
         self.max_length = max_length or needed
         self.stats = stats if stats is not None else SpecStats()
+        self.count_requests = count_requests
+        self.ids: list = list(range(batch))
+        self.logprobs: list[int | None] = [None] * batch  # per row: None, or the top alternatives wanted with each token's log-probability
+        self.last_logprobs: dict = {}  # id -> [(log p(token), {alternative: log p})] for the tokens of the last step
         self.requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
-        self._uncounted = {row for row, live in enumerate(self.active) if live}  # requests not yet in stats
+        self.active = [True] * batch
+        self.finished: list[tuple[object, RequestStats]] = []  # (id, stats) of the rows that left at the last step or cancel
+        self._done: dict = {}  # id -> stats of requests that left (count_requests)
         self.started = time.perf_counter()
-        self.cache = target.new_cache(batch, self.max_length)
+        self.cache = target.new_cache(self.capacity, self.max_length)
+        if self.capacity > batch:
+            self.cache.keep_rows(list(range(batch)))
         target.prefill([p[:-1] for p in prompts], self.cache)
         if getattr(drafter, "shares_target_cache", False):  # e.g. early exit: reads the target's own KV
             drafter.start(prompts, self.max_length, target_cache=self.cache)
@@ -202,61 +220,111 @@ class Batch:
         # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
         self.compiled = (target.compiled_step(self.cache, drafter, self.sampling, prompts, policy.k_max)
                          if compiled and hasattr(target, "compiled_step") else None)
+        # Rows can leave and join when every per-row state can move them; else finished rows stay in place.
+        self.can_change_rows = (self.compiled is None and hasattr(self.cache, "keep_rows")
+                                and (drafter is None or getattr(drafter, "can_change_rows", False)))
+        if empty:
+            if not self.can_change_rows:
+                raise ValueError("this target's cache or this drafter cannot take requests during a batch (keep_rows, add_rows)")
+            self.ids, self.requests = [], []
+            self._keep([])
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self.active)
+        return len(self.ids)
+
+    def _keep(self, rows: list[int]) -> None:
+        """Only `rows` (ascending) remain, in every per-row state: target cache first (a drafter
+        may share it), then the drafter, the sampling and the lists."""
+        self.cache.keep_rows(rows)
+        if self.drafter is not None:
+            self.drafter.keep_rows(rows)
+        self.sampling.keep_rows(rows)
+        self.pending_ids = [self.pending_ids[r] for r in rows]
+        self.pending = torch.tensor(self.pending_ids, dtype=torch.long, device=self.device)
+        self.ids = [self.ids[r] for r in rows]
+        self.logprobs = [self.logprobs[r] for r in rows]
+        self.requests = [self.requests[r] for r in rows]
+        self.active = [self.active[r] for r in rows]
+
+    def _leave(self, rows: list[int]) -> None:
+        """Rows whose requests ended: recorded in `finished`, then dropped (or, on the compiled
+        step, left in place and skipped)."""
+        for row in rows:
+            self.finished.append((self.ids[row], self.requests[row]))
+            if self.count_requests:
+                self._done[self.ids[row]] = self.requests[row]
+            self.active[row] = False
+        if not rows:
+            return
+        if self.compiled is not None:
+            self.compiled.retire(rows)
+        elif self.can_change_rows:
+            gone = set(rows)
+            self._keep([row for row in range(len(self.ids)) if row not in gone])
 
     @torch.no_grad()
-    def join(self, rows: Sequence[int], prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> None:
-        """Start requests in free rows: prompts[i] with params[i] (its own seed) in rows[i]."""
-        rows, prompts = list(rows), _check_prompts(prompts, self.target.vocab_size)
-        params = list(params)
-        if self.compiled is not None:
-            raise RuntimeError("rows cannot join a batch that runs on the compiled step (build it with compiled=False)")
-        if len(rows) != len(prompts) or len(params) != len(prompts) or len(set(rows)) != len(rows):
-            raise ValueError(f"join needs distinct rows and one prompt and SamplingParams per row, got {len(rows)}, {len(prompts)}, {len(params)}")
-        busy = [r for r in rows if not 0 <= r < len(self.active) or self.active[r]]
-        if busy:
-            raise ValueError(f"row {busy[0]} is not a free row of this batch")
+    def join(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], ids: Sequence,
+             logprobs: Sequence[int | None] | None = None) -> None:
+        """Start requests: prompts[i] with params[i] (its own seed), known as ids[i], in rows
+        after the running ones. logprobs[i] (None: not wanted) asks for each committed token's
+        log-probability under the target's raw distribution (its logits before temperature and
+        filters, as vLLM's default) and that many top alternatives: `last_logprobs` after a step."""
+        logprobs = [None] * len(prompts) if logprobs is None else list(logprobs)
+        if len(logprobs) != len(prompts) or any(n is not None and (not isinstance(n, int) or n < 0) for n in logprobs):
+            raise ValueError("logprobs needs one entry per prompt: None or an integer >= 0")
+        prompts, params, ids = _check_prompts(prompts, self.target.vocab_size), list(params), list(ids)
+        if not self.can_change_rows:
+            raise RuntimeError("requests cannot join this batch: it runs on the compiled step (build it with compiled=False), "
+                               "or its target's cache or drafter cannot add rows")
+        if len(params) != len(prompts) or len(ids) != len(prompts):
+            raise ValueError(f"join needs one SamplingParams and one id per prompt, got {len(prompts)}, {len(params)}, {len(ids)}")
+        if len(self.ids) + len(prompts) > self.capacity:
+            raise ValueError(f"the batch holds {self.capacity} rows; {len(self.ids)} run and {len(prompts)} asked to join")
+        if len(set(ids)) != len(ids) or set(ids) & set(self.ids):
+            raise ValueError("ids must be distinct from each other and from the running requests'")
         check_context(self.target, prompts, [p.max_new_tokens for p in params])
         longest = max(len(p) + q.max_new_tokens for p, q in zip(prompts, params)) + self.policy.k_max + 1
         if longest > self.max_length:
             raise ValueError(f"a prompt plus its max_new_tokens and k_max + 1 ({longest}) exceeds the batch's max_length ({self.max_length})")
         started = time.perf_counter()
-        self._count(rows)  # the rows' earlier requests, if any
-        prefill_rows(self.target, self.cache, rows, [p[:-1] for p in prompts])
-        self.sampling.replace(rows, params)
+        first = len(self.ids)
+        self.cache.add_rows(len(prompts))
+        prefill_rows(self.target, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
         if self.drafter is not None:
-            self.drafter.join(rows, prompts)
-        for row, prompt in zip(rows, prompts):
-            self.pending_ids[row] = prompt[-1]
-            self.requests[row] = RequestStats(prompt_tokens=len(prompt))
-            self.active[row] = True
-        self._uncounted.update(rows)
-        self.pending = torch.tensor(self.pending_ids, device=self.device)
+            self.drafter.add_rows(prompts)
+        self.sampling.add_rows(params)
+        self.pending_ids += [p[-1] for p in prompts]
+        self.pending = torch.tensor(self.pending_ids, dtype=torch.long, device=self.device)
+        self.ids += ids
+        self.logprobs += logprobs
+        self.requests += [RequestStats(prompt_tokens=len(p)) for p in prompts]
+        self.active += [True] * len(prompts)
         _sync(self.device)
         self.stats.prefill_time_s += time.perf_counter() - started
 
-    def cancel(self, rows: Sequence[int], reason: str = "abort") -> None:
-        """End the requests in these rows before their budget (a client went away, a stop
-        string): they take no part in later passes and their rows are free."""
+    def cancel(self, ids: Sequence, reason: str = "abort") -> None:
+        """End these requests before their budget (a client went away, a stop string): their
+        rows leave now. Ids not running are ignored."""
+        self.finished = []
+        wanted = set(ids)
+        rows = [row for row, (i, live) in enumerate(zip(self.ids, self.active)) if i in wanted and live]
         for row in rows:
-            if self.active[row]:
-                self.active[row] = False
-                self.requests[row].finish_reason = reason
-        if self.compiled is not None:
-            self.compiled.retire(list(rows))
+            self.requests[row].finish_reason = reason
+        self._leave(rows)
 
     @torch.no_grad()
-    def step(self) -> list[list[int]]:
-        """One target pass over the active rows: the tokens newly committed to each row ([] for
-        none, and for rows that are not active). A row that finishes here is no longer active."""
+    def step(self) -> dict:
+        """One target pass over the running rows: {id: tokens newly committed} for each of
+        them ([] for none). Rows that finish here are in `finished` and leave the batch."""
         policy, drafter, target, sampling, cache = self.policy, self.drafter, self.target, self.sampling, self.cache
-        batch, device, stats = len(self.active), self.device, self.stats
-        k = min(max(policy.choose(), 0), policy.k_max)
+        batch, device, stats = len(self.ids), self.device, self.stats
+        self.finished, self.last_logprobs = [], {}
+        rows_now = sum(self.active)
+        k = min(max(policy.choose(batch=rows_now), 0), policy.k_max)
         _sync(device)
         t0 = time.perf_counter()
+        logprobs: dict = {}
         if self.compiled is not None:  # propose, score, rule and both rollbacks (as if every active row goes on)
             committed, accepted, betas, k, draft_s = self.compiled.step(k)
             t1, t2 = t0 + draft_s, time.perf_counter()
@@ -270,18 +338,20 @@ class Batch:
             _sync(device)
             t1 = time.perf_counter()
             start_lengths = cache.host_lengths
-            scores = _score(target, torch.cat([self.pending[:, None], draft_token_ids], dim=1), cache, sampling)  # [B, k+1(, V)]
+            wanted = [row for row, (n, on) in enumerate(zip(self.logprobs, self.active)) if n is not None and on]
+            scores = _score(target, torch.cat([self.pending[:, None], draft_token_ids], dim=1), cache, sampling, bool(wanted))  # [B, k+1(, V)]
             _sync(device)
             t2 = time.perf_counter()
             output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, sampling, start_lengths)  # [B, k+1], [B], [B, k]
             host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
+            logprobs = self._logprobs(scores, output, wanted) if wanted else {}
             accepted = [int(row[k + 1]) for row in host]
             rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
         stats.draft_time_s += t1 - t0
         stats.target_time_s += t2 - t1
 
-        chunk: list[list[int]] = [[] for _ in range(batch)]
-        finished = [False] * batch  # rows that stop at this step
+        chunk: dict = {}
+        finished: list[int] = []  # rows that stop at this step
         beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
         for row, ((tokens, n, beta_row), request) in enumerate(zip(rows, self.requests)):
             if not self.active[row]:
@@ -294,39 +364,56 @@ class Batch:
             tokens, reason = _cut(tokens, params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
             request.generated_tokens += len(tokens)
             request.finish_reason = reason
-            chunk[row] = tokens
-            finished[row] = reason is not None
-        still_active = [live and not done for live, done in zip(self.active, finished)]
-
-        if self.compiled is not None:
-            self.compiled.retire([row for row, done in enumerate(finished) if done])
-        else:
-            # Roll back to the committed tokens; a row that is not active keeps its old length (its
-            # contents no longer matter, and its cache must not grow while others go on).
-            cache.rollback([n + 1 + a if live else n for n, a, live in zip(start_lengths, accepted, still_active)])
-            # The recovered or bonus token of each row is pending now (a finished row keeps its own).
-            self.pending_ids = [int(values[a]) if live else old for values, a, live, old in zip(host, accepted, still_active, self.pending_ids)]
+            chunk[self.ids[row]] = tokens
+            if self.compiled is None and row in logprobs:
+                self.last_logprobs[self.ids[row]] = logprobs[row][: len(tokens)]
+            if reason is not None:
+                finished.append(row)
+        self.last_k = k  # for a server's metrics: this pass's k and each request's accepted count
+        self.last_accepted = {self.ids[row]: n for row, n in enumerate(accepted) if self.active[row]}
+        if self.compiled is None:
+            # Roll back to the committed tokens; a row that is not running keeps its old length (rows
+            # stay in place where they cannot leave: their contents no longer matter, and their
+            # caches must not grow while others go on). The recovered or bonus token of each row is pending now.
+            done = set(finished)
+            live = [on and row not in done for row, on in enumerate(self.active)]
+            cache.rollback([n + 1 + a if on else n for n, a, on in zip(start_lengths, accepted, live)])
+            self.pending_ids = [int(values[a]) if on else old for values, a, on, old in zip(host, accepted, live, self.pending_ids)]
             self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
             if drafter is not None:
-                drafter.commit(accepted, self.pending, still_active)  # rows not active: ignored
-        self.active = still_active
-        self.last_k, self.last_accepted = k, accepted  # for a server's metrics: this pass's k and each row's accepted count
-        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1)
+                drafter.commit(accepted, self.pending, live)  # rows not running: ignored
+        self._leave(finished)
+        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1, batch=rows_now)
         return chunk
 
-    def _count(self, rows: Sequence[int]) -> None:
-        for row in rows:
-            if row in self._uncounted:
-                self._uncounted.discard(row)
-                self.stats.add(self.requests[row])
+    def _logprobs(self, scores: torch.Tensor, output: torch.Tensor, rows: list[int]) -> dict[int, list[tuple[float, dict[int, float]]]]:
+        """For each row in rows: (log p(token), {alternative: log p}) at every position of output
+        [B, k+1] (-1 past the committed tokens), from the raw logits scores [B, k+1, V]."""
+        index = torch.tensor(rows, device=scores.device)
+        logp = torch.log_softmax(scores[index].float(), dim=-1)  # [R, k+1, V]
+        chosen = logp.gather(-1, output[index].clamp_min(0)[..., None]).squeeze(-1).tolist()  # [R][k+1]
+        top_n = max(self.logprobs[row] for row in rows)
+        top = logp.topk(top_n, dim=-1) if top_n else None
+        values, ids = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
+        out = {}
+        for i, row in enumerate(rows):
+            n = self.logprobs[row]
+            out[row] = [(chosen[i][j], dict(zip(ids[i][j][:n], values[i][j][:n])) if n else {}) for j in range(output.shape[1])]
+        return out
 
     def close(self) -> None:
-        """Add the requests not yet counted to stats, in row order (a row's request is counted
-        when the row is reused, or here), and the batch's wall time; once."""
+        """Add every request to stats in id order (integer ids; else in the order they ended; those
+        still running stopped early) and the batch's wall time; once."""
         if self._closed:
             return
         self._closed = True
-        self._count(sorted(self._uncounted))
+        if self.count_requests:
+            for row, live in enumerate(self.active):
+                if live:
+                    self._done[self.ids[row]] = self.requests[row]
+            keys = sorted(self._done) if all(isinstance(i, int) for i in self._done) else list(self._done)
+            for key in keys:
+                self.stats.add(self._done[key])
         self.stats.total_time_s += time.perf_counter() - self.started
 
 
@@ -346,13 +433,15 @@ def generate(
     or one per prompt (each row its own settings, budget, stop tokens and seed: `RowSampling`).
     `k` is a draft length or a policy that picks one before every iteration
     (control.AdaptiveLength). Rows accept different counts per step; a row stops exactly at
-    its max_new_tokens or at one of its stop tokens (which it includes). A fixed batch:
-    `Batch` is the same loop with rows that join and leave.
+    its max_new_tokens or at one of its stop tokens (which it includes) and then leaves the
+    batch. A `Batch` whose requests all start at once.
     """
     batch = Batch(target, prompts, params, drafter, k, stats)
+    rows = len(batch)
     try:
         while any(batch.active):
-            yield batch.step()
+            chunk = batch.step()
+            yield [chunk.get(row, []) for row in range(rows)]
     finally:
         batch.close()
 

@@ -136,15 +136,22 @@ class RowSampling:
                        for mode in ("greedy", "invariant", "rejection")}  # in row order: all rows of a mode are then the batch itself
         self.greedy = len(self._modes["greedy"]) == len(rows)  # every row at temperature 0
 
-    def replace(self, rows: Sequence[int], params: Sequence[SamplingParams]) -> None:
-        """New requests in some rows: row rows[i] takes params[i] and a fresh stream from its
-        seed (as if it had started alone), the other rows keep theirs."""
-        if not all(isinstance(p, SamplingParams) for p in params) or len(params) != len(rows):
-            raise ValueError(f"replace needs one SamplingParams per row, got {len(params)} for {len(rows)} rows")
-        for b, p in zip(rows, params):
-            self.params[b] = p
-            self.seeds[b] = p.seed if p.seed is not None else fresh_seed()
-        self.streams.reset(rows, [self.seeds[b] for b in rows])
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """The batch becomes the old rows `rows`, in that order (each with its settings and its
+        stream where it stands): engine.Batch, when rows leave."""
+        self.params = [self.params[b] for b in rows]
+        self.seeds = [self.seeds[b] for b in rows]
+        self.streams.keep_rows(rows)
+        self._group()
+
+    def add_rows(self, params: Sequence[SamplingParams]) -> None:
+        """New requests after the other rows, each with its settings and a fresh stream from its
+        seed (as if it had started alone)."""
+        if not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError("add_rows needs one SamplingParams per new row")
+        seeds = [p.seed if p.seed is not None else fresh_seed() for p in params]
+        self.params, self.seeds = self.params + list(params), self.seeds + seeds
+        self.streams.add_rows(seeds)
         self._group()
 
     def __len__(self) -> int:

@@ -62,11 +62,15 @@ class RowStreams:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def reset(self, rows: Sequence[int], seeds: Sequence[int]) -> None:
-        """Rows rows[i] restart as new streams of seeds[i] (counter 0)."""
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only the streams of `rows` remain, in that order, each where it stands."""
         index = torch.tensor(list(rows), dtype=torch.long, device=self.keys.device)
-        self.keys[index] = splitmix64(torch.tensor([signed(s) for s in seeds], dtype=torch.long, device=self.keys.device))
-        self.counters[index] = 0
+        self.keys, self.counters = self.keys.index_select(0, index), self.counters.index_select(0, index)
+
+    def add_rows(self, seeds: Sequence[int]) -> None:
+        """New streams of `seeds` (counter 0) after the others."""
+        new = RowStreams(seeds, self.keys.device)
+        self.keys, self.counters = torch.cat([self.keys, new.keys]), torch.cat([self.counters, new.counters])
 
     def uniform(self, shape: tuple[int, ...], rows: torch.Tensor | None = None) -> torch.Tensor:
         """The next n = prod(shape[1:]) numbers of each row (all rows, or rows [shape[0]]), float64

@@ -12,6 +12,13 @@ it may read that cache but must never write a committed position (early_exit.py)
 A drafter may also offer `prefill()`: the engine calls it right after `start` when it will
 draft from the first iteration (a fixed k > 0), so that reading the prompts is timed as
 prefill; otherwise a model drafter reads them lazily, in its first proposal.
+
+Optional, for a batch whose requests come and go (engine.Batch): a drafter whose
+`can_change_rows` is true offers `keep_rows(rows)` (rows leave between steps: only the old
+rows `rows`, ascending, remain, in that order, each as it stands) and `add_rows(prompts)` (new
+requests after the other rows, their prompts committed), each called after the target's cache
+did the same (so a drafter that shares it sees it done). Without them a batch keeps its
+finished rows in place and takes no new ones.
 """
 
 from __future__ import annotations
@@ -36,11 +43,6 @@ class Drafter(Protocol):
         sampling.params[b] and drawn with sampling.draw (its own generator, or its invariant
         choice). draft_probs must be exactly the distribution each token was drawn from.
         """
-
-    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """New requests in rows that were free (engine.Batch.join): row rows[i] now holds
-        prompts[i], committed, and nothing of what it held before; the other rows stay. After the
-        target's `prefill_rows` when the drafter shares the target's cache."""
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         """After verification: row b accepted num_accepted[b] proposals, then next_token_ids[b]

@@ -52,9 +52,16 @@ class SharedLayersCache(CacheLengths):
 
     def __init__(self, target_cache: KVCache, num_layers: int):
         super().__init__(target_cache.batch_size, target_cache.max_length, target_cache.lengths.device)
-        self.keys = target_cache.keys[:num_layers]  # [L, B, S_max, H_kv, D], shared storage
-        self.values = target_cache.values[:num_layers]
+        self.target_cache, self.num_layers = target_cache, num_layers
         self.follow(target_cache)
+
+    @property
+    def keys(self) -> torch.Tensor:  # [L, B, S_max, H_kv, D], the target's storage
+        return self.target_cache.keys[: self.num_layers]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.target_cache.values[: self.num_layers]
 
     def follow(self, target_cache: CacheLengths) -> None:
         """Take the target's lengths (which may be longer than what the draft wrote)."""
@@ -82,14 +89,26 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.model.device)  # [B, 1]
         self.pending_count = [1] * len(prompts)
 
-    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
+    @property
+    def can_change_rows(self) -> bool:
+        return self.target_cache is not None or super().can_change_rows
+
+    def keep_rows(self, rows: list[int]) -> None:
         if self.target_cache is None:
-            return super().join(rows, prompts)
-        # The engine has prefilled these rows' p[:-1] into the target cache: the layers are there.
+            return super().keep_rows(rows)
+        # The engine has kept the same rows of the target's cache: the layers moved with them.
         self.cache.follow(self.target_cache)
-        index = torch.tensor(rows, dtype=torch.long, device=self.pending.device)
-        self.pending = self.pending.clone()
-        self.pending[index, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=self.pending.device)
+        self.pending = self.pending.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.pending.device))
+        self.pending_count = [1] * len(rows)
+
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        if self.target_cache is None:
+            return super().add_rows(prompts)
+        # The engine has prefilled these rows' p[:-1] into the target's cache: the layers are there.
+        self.cache.follow(self.target_cache)
+        last = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.pending.device)
+        self.pending = torch.cat([self.pending, last])
+        self.pending_count = [1] * self.pending.shape[0]
 
     def prefill(self) -> None:
         if self.target_cache is None:  # shared: the target's prefill already wrote these layers

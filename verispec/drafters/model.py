@@ -55,17 +55,33 @@ class ModelDrafter:
         self.pending_count = [len(p) for p in prompts]
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
 
-    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """New requests in free rows (engine.Batch.join): each row's draft cache is emptied and
-        its prompt read now (all but its last token, which is pending); the other rows stay."""
+    @property
+    def can_change_rows(self) -> bool:
+        """Whether rows can leave and join between steps: the draft model's cache must move its rows."""
+        return hasattr(self.cache, "keep_rows")
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Rows leave (engine.Batch): only `rows` remain, in that order, each as it stands."""
         assert self.cache is not None, "start() first"
-        prefill_rows(self.model, self.cache, rows, [p[:-1] for p in prompts])
+        self.cache.keep_rows(rows)
         index = torch.tensor(rows, dtype=torch.long, device=self.pending.device)
-        self.pending = self.pending.clone()
-        self.pending[index, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=self.pending.device)
-        for row in rows:
-            self.pending_count[row] = 1
-        self._live[index] = True
+        self.pending, self._live = self.pending.index_select(0, index), self._live.index_select(0, index)
+        self.pending_count = [self.pending_count[r] for r in rows]
+        self._prompts = [self._prompts[r] for r in rows]
+
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        """New requests after the other rows (engine.Batch): each prompt is read now (all but its
+        last token, which is pending)."""
+        assert self.cache is not None, "start() first"
+        first = self.cache.batch_size
+        self.cache.add_rows(len(prompts))
+        prefill_rows(self.model, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
+        new = self.pending.new_zeros(len(prompts), self.pending.shape[1])
+        new[:, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=new.device)
+        self.pending = torch.cat([self.pending, new])
+        self.pending_count += [1] * len(prompts)
+        self._live = torch.cat([self._live, self._live.new_ones(len(prompts))])
+        self._prompts = self._prompts + [list(p) for p in prompts]
 
     def prefill(self) -> None:
         """Read the prompts now (all but their last tokens, which stay pending): the engine calls

@@ -63,15 +63,26 @@ class PromptLookupDrafter:
         self.tokens[rows, columns] = flat
         self._k, self._proposal = 0, self.tokens.new_zeros(len(prompts), 0)
 
-    def join(self, rows: list[int], prompts: list[list[int]]) -> None:
-        """New requests in free rows (engine.Batch.join): their histories become the prompts."""
+    can_change_rows = True
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Rows leave (engine.Batch): only `rows` remain, in that order."""
         assert self.tokens is not None, "start() first"
-        longest = max(len(p) for p in prompts)
-        if longest > self.tokens.shape[1]:
-            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(len(self.host_lengths), longest - self.tokens.shape[1])], dim=1)
-        for row, prompt in zip(rows, prompts):
-            self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
-            self.host_lengths[row] = len(prompt)
+        self.tokens = self.tokens.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        self.host_lengths = [self.host_lengths[r] for r in rows]
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
+
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        """New requests after the other rows: their histories are their prompts."""
+        assert self.tokens is not None, "start() first"
+        width = max(self.tokens.shape[1], max(len(p) for p in prompts))
+        new = self.tokens.new_zeros(len(prompts), width)
+        for row, prompt in enumerate(prompts):
+            new[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        if width > self.tokens.shape[1]:
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], width - self.tokens.shape[1])], dim=1)
+        self.tokens = torch.cat([self.tokens, new])
+        self.host_lengths = self.host_lengths + [len(p) for p in prompts]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
 
     def history(self, row: int) -> list[int]:

@@ -90,6 +90,25 @@ class HFCache(CacheLengths):
         if self.num_columns > 2 * max(lengths) + _COMPACT_SLACK:
             self._compact()
 
+    def keep_rows(self, rows: list[int]) -> None:
+        self._keep_lengths(rows)
+        index = torch.tensor(rows, dtype=torch.long, device=self.positions.device)
+        for layer in self.hf.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self._columns = self._columns[rows]
+
+    def add_rows(self, count: int) -> None:
+        """New rows with every column a hole (length 0)."""
+        self._add_lengths(count)
+        for layer in self.hf.layers:
+            if layer.is_initialized:
+                pad = lambda states: torch.cat([states, states.new_zeros((count, *states.shape[1:]))])  # noqa: E731
+                layer.keys, layer.values = pad(layer.keys), pad(layer.values)
+        self.positions = torch.cat([self.positions, self.positions.new_full((count, self.num_columns), HOLE)])
+        self._columns = np.concatenate([self._columns, np.zeros((count, self.max_length), dtype=np.int64)])
+
     def _compact(self) -> None:
         """Gather each row's valid columns to the right (holes, if any, on the left): P = max(lengths)."""
         width, columns = max(self._host_lengths), self.num_columns

@@ -145,6 +145,17 @@ class CacheLengths:
         if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
             raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
 
+    # A cache whose rows can leave and join (engine.Batch) offers `keep_rows(rows)` (the batch
+    # becomes the old rows `rows`, ascending, in that order) and `add_rows(count)` (empty rows
+    # after the others), moving its own per-row state; these two do the lengths.
+    def _keep_lengths(self, rows: list[int]) -> None:
+        if any(b <= a for a, b in zip(rows, rows[1:])) or any(not 0 <= r < self.batch_size for r in rows):
+            raise ValueError(f"keep_rows needs ascending rows of the batch ({self.batch_size}), got {rows}")
+        self.set_lengths([self._host_lengths[r] for r in rows])
+
+    def _add_lengths(self, count: int) -> None:
+        self.set_lengths(self._host_lengths + [0] * count)
+
     def set_lengths(self, lengths: list[int]) -> None:
         """Declare each row's valid length (after its state was written by other means: a row
         started anew, a compiled step); rollback is the check-and-lower form of this."""
@@ -159,13 +170,38 @@ class CacheLengths:
 
 
 class KVCache(CacheLengths):
-    """Preallocated keys and values [layers, B, S_max, H_kv, D] with a valid length per row."""
+    """Preallocated keys and values [layers, B, S_max, H_kv, D] with a valid length per row.
+
+    Storage for `batch_size` rows; the batch is its first B rows (`keys`, `values` are views),
+    so rows leave (`keep_rows`: the kept rows' valid positions move down, once) and join
+    (`add_rows`, up to the storage's rows) without a copy per pass."""
 
     def __init__(self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str):
         super().__init__(batch_size, max_length, device)
         shape = (config.num_hidden_layers, batch_size, max_length, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self._keys = torch.zeros(shape, dtype=dtype, device=device)
+        self._values = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def keys(self) -> torch.Tensor:  # [L, B, S_max, H_kv, D], a view
+        return self._keys[:, : self.batch_size]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._values[:, : self.batch_size]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        lengths = self.host_lengths
+        self._keep_lengths(rows)
+        for new, old in enumerate(rows):
+            if new != old:  # ascending rows: new < old, so nothing kept is overwritten
+                self._keys[:, new, : lengths[old]] = self._keys[:, old, : lengths[old]]
+                self._values[:, new, : lengths[old]] = self._values[:, old, : lengths[old]]
+
+    def add_rows(self, count: int) -> None:
+        if self.batch_size + count > self._keys.shape[1]:
+            raise ValueError(f"the cache holds {self._keys.shape[1]} rows; {self.batch_size} + {count} asked for")
+        self._add_lengths(count)
 
 
 class RMSNorm(nn.Module):

@@ -217,12 +217,14 @@ class _Context:
 
 
 class LlamaCppCache(CacheLengths):
-    """Per-row lengths over one llama.cpp context (row b = sequence b); rollback removes positions.
-    The lengths live on the host only (`lengths` is made from them when asked for)."""
+    """Per-row lengths over one llama.cpp context (row b is sequence seqs[b]: b, until rows leave
+    and join); rollback removes positions. The lengths live on the host only (`lengths` is made
+    from them when asked for)."""
 
     def __init__(self, model: "LlamaCppModel", context: _Context, batch_size: int, max_length: int):
         self.max_length, self._host_lengths = max_length, [0] * batch_size
         self.model, self.context = model, context
+        self.seqs = list(range(batch_size))  # row -> llama.cpp sequence id
 
     @property
     def lengths(self) -> torch.Tensor:  # [B]
@@ -239,10 +241,26 @@ class LlamaCppCache(CacheLengths):
         """Keep the first lengths[b] positions of row b; llama.cpp forgets the rest."""
         self.check_rollback(lengths)
         before = self._host_lengths
-        for seq, (old, new) in enumerate(zip(before, lengths)):
+        for seq, old, new in zip(self.seqs, before, lengths):
             if new < old:
                 _llama().llama_memory_seq_rm(self.context.memory, seq, new, -1)
         self._host_lengths = list(lengths)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Rows leave: their sequences are emptied and free; the others keep theirs (no copy)."""
+        kept = [self.seqs[r] for r in rows]
+        self._keep_lengths(rows)
+        for seq in set(self.seqs) - set(kept):
+            _llama().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
+        self.seqs = kept
+
+    def add_rows(self, count: int) -> None:
+        """Rows join on free sequences of the context (empty: emptied when their rows left)."""
+        free = sorted(set(range(self.context.n_seq)) - set(self.seqs))
+        if count > len(free):
+            raise ValueError(f"the llama.cpp context holds {self.context.n_seq} sequences; {self.batch_size} + {count} asked for")
+        self._add_lengths(count)
+        self.seqs = self.seqs + free[:count]
 
     def set_lengths(self, lengths: list[int]) -> None:
         self._host_lengths = list(lengths)
@@ -349,10 +367,10 @@ class LlamaCppModel:
         if span > cache.max_length:
             raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
         if batch == 1:
-            positions, seqs = np.arange(lengths[0], span), np.zeros(length, dtype=np.int64)
+            positions, seqs = np.arange(lengths[0], span), np.full(length, cache.seqs[0], dtype=np.int64)
         else:
             positions = (np.asarray(lengths)[:, None] + np.arange(length)).ravel()  # [B*T]
-            seqs = np.repeat(np.arange(batch), length)  # [B*T]
+            seqs = np.repeat(np.asarray(cache.seqs), length)  # [B*T]
         result, inside = cache.context.decode(input_ids.numpy().ravel(), positions, seqs, True, read)
         self.forward_compute_s += inside
         cache.advance(length)
@@ -378,11 +396,11 @@ class LlamaCppModel:
         ids = input_ids.numpy()
         tokens = ids[0, : counts[0]] if batch == 1 else np.concatenate([ids[b, :count] for b, count in enumerate(counts)])
         positions = np.concatenate([np.arange(n, end) for n, end in zip(lengths, ends)])
-        seqs = np.repeat(np.arange(batch), counts)
+        seqs = np.repeat(np.asarray(cache.seqs), counts)
         outputs = np.zeros(len(tokens), dtype=bool)
         outputs[np.cumsum(counts) - 1] = True  # logits at each row's last token only
         drafted = np.empty((batch, steps), dtype=np.int64)
-        context, rows = cache.context, np.arange(batch)
+        context, rows = cache.context, np.asarray(cache.seqs)
         read = _argmax_confidence if confidence_threshold > 0 else _argmax
         found, inside = context.decode(tokens, positions, seqs, outputs, read)
         for i in range(steps):
@@ -418,23 +436,24 @@ class LlamaCppModel:
                 raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
             tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
             positions = np.concatenate([np.arange(n) for n in lengths])
-            seqs = np.repeat(np.arange(len(prompts)), lengths)
+            seqs = np.repeat(np.asarray(cache.seqs), lengths)
             cache.context.decode(tokens, positions, seqs, False)
         cache.set_lengths(lengths)
 
 
     def prefill_rows(self, prompts: list[list[int]], cache: LlamaCppCache, rows: list[int]) -> None:
-        """Rows rows[i] (sequences rows[i]) hold prompts[i] afterwards; the other rows are
+        """Rows rows[i] (their sequences) hold prompts[i] afterwards; the other rows are
         untouched (models/rows.py): each row's sequence is emptied, then written."""
         lengths = [len(p) for p in prompts]
         if max(lengths, default=0) > cache.max_length:
             raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
-        for row in rows:
-            _llama().llama_memory_seq_rm(cache.context.memory, row, 0, -1)
+        seqs = [cache.seqs[row] for row in rows]
+        for seq in seqs:
+            _llama().llama_memory_seq_rm(cache.context.memory, seq, 0, -1)
         if sum(lengths):
             tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
             positions = np.concatenate([np.arange(n) for n in lengths])
-            cache.context.decode(tokens, positions, np.repeat(np.asarray(rows), lengths), False)
+            cache.context.decode(tokens, positions, np.repeat(np.asarray(seqs), lengths), False)
         host = cache.host_lengths
         for row, n in zip(rows, lengths):
             host[row] = n

@@ -173,6 +173,8 @@ class CompiledStep:
         function = _load()
         if function is None or len(prompts) * (k_max + 1) > _capacity(cache, drafter):
             return None
+        if cache.seqs != list(range(len(prompts))) or (drafter is not None and drafter.cache.seqs != cache.seqs):
+            return None  # the C step takes row b to be sequence b in both contexts
         return cls(function, target, cache, drafter, prompts, sampling, k_max)
 
     def step(self, k: int) -> tuple[list[list[int]], list[int], list[list[float]], int, float]:

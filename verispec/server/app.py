@@ -1,7 +1,8 @@
 """The HTTP routes of `verispec serve` (FastAPI), over a running `Scheduler`.
 
 Owns `create_app`: `POST /v1/completions` (non-streaming and server-sent events ending with
-`data: [DONE]`), `POST /v1/chat/completions` (a clear 400: the tokenizer has no chat template),
+`data: [DONE]`), `POST /v1/chat/completions` (messages rendered by the model's chat template,
+chat.py; a clear 400 when it has none),
 `GET /v1/models`, `GET /health`, `GET /metrics`. A request is checked whole before any work
 (protocol.py); each of its n choices per prompt is one `Submission`; stop strings are found in
 the decoded text, which is cut there, and the row is cancelled at once. A client that goes
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .chat import check_messages, render
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     BadRequest,
@@ -34,6 +36,8 @@ from .protocol import (
 from .scheduler import Event, QueueFull, Scheduler, Submission
 
 MAX_BODY = 1 << 20  # bytes
+CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+               "stream", "stream_options", "n", "user", "sampling", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
 
 
 @dataclass
@@ -41,6 +45,8 @@ class _Choice:
     index: int
     submission: Submission | None = None
     tokens: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # (log p, {alternative: log p}) per token, when asked for
+    logprobs_sent: int = 0  # tokens whose logprobs were streamed
     kept: int | None = None  # tokens counted once a stop string cut the text
     text: str = ""
     sent: int = 0  # characters already streamed
@@ -63,7 +69,7 @@ def _stats(choice: _Choice) -> dict:
 
 
 def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int, max_model_len: int, eos: tuple[int, ...],
-               metrics: Metrics | None = None, max_body: int = MAX_BODY) -> FastAPI:
+               metrics: Metrics | None = None, max_body: int = MAX_BODY, chat_template: tuple[str, dict] | None = None) -> FastAPI:
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -108,6 +114,8 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
             return
         before = len(choice.tokens)
         choice.tokens.extend(event.tokens)
+        if event.logprobs is not None:
+            choice.logprobs.extend(event.logprobs)
         choice.stats = event.stats or choice.stats
         text = decode(choice.tokens)
         at = find_stop(text, stop) if stop else None
@@ -121,6 +129,20 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         if event.finish_reason is not None:
             choice.finish_reason, choice.error = event.finish_reason, event.error
 
+    def logprobs_of(choice: _Choice, start: int, end: int | None, offset: int = 0) -> dict:
+        """OpenAI's logprobs object for the choice's tokens start..end (text offsets from `offset`)."""
+        count = len(choice.tokens) if choice.kept is None else choice.kept
+        end = count if end is None else min(end, count)
+        tokens = [decode([t]) for t in choice.tokens[start:end]]
+        offsets, at = [], offset
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        pairs = choice.logprobs[start:end]
+        top = [{decode([t]): lp for t, lp in alternatives.items()} for _, alternatives in pairs]
+        return {"tokens": tokens, "token_logprobs": [lp for lp, _ in pairs], "top_logprobs": top if any(top) else None,
+                "text_offset": offsets}
+
     def usage(request: CompletionRequest, choices: list[_Choice]) -> dict:
         prompt_tokens = sum(len(p) for p in request.prompts)
         completion = sum(len(c.tokens) if c.kept is None else c.kept for c in choices)
@@ -132,7 +154,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         for choice, prompt, params in zip(choices, [p for p in request.prompts for _ in range(request.n)], request.params):
             def on_event(event: Event, index: int = choice.index) -> None:  # the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-            choice.submission = Submission(prompt, params, on_event)
+            choice.submission = Submission(prompt, params, on_event, logprobs=request.logprobs)
         submitted = []
         try:
             for choice in choices:
@@ -157,14 +179,41 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                                        max_model_len=max_model_len, eos=eos)
         except BadRequest as bad:
             return refuse(bad.message, bad.param, bad.status, bad.kind)
+        return await respond(http, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: Request):
+        try:
+            body = await read_json(http)
+            if chat_template is None:
+                raise BadRequest(f"the model '{model_name}' has no chat template in its tokenizer: use /v1/completions with a prompt", "messages")
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            unknown = sorted(set(body) - CHAT_FIELDS)
+            if unknown:
+                raise BadRequest(f"unrecognized request argument '{unknown[0]}'", unknown[0])
+            if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+                raise BadRequest("'logprobs' is not supported for chat yet: use /v1/completions", "logprobs")
+            messages = check_messages(body.get("messages"))
+            completion = {key: value for key, value in body.items() if key not in ("messages", "max_completion_tokens", "logprobs", "top_logprobs")}
+            if body.get("max_completion_tokens") is not None:
+                completion["max_tokens"] = body["max_completion_tokens"]
+            completion["prompt"] = render(chat_template[0], chat_template[1], messages)
+            request = parse_completion(completion, model_name=model_name, encode=encode, vocab_size=vocab_size,
+                                       max_model_len=max_model_len, eos=eos)
+        except BadRequest as bad:
+            return refuse(bad.message, bad.param, bad.status, bad.kind)
+        return await respond(http, request, chat=True)
+
+    async def respond(http: Request, request: CompletionRequest, chat: bool):
         queue: asyncio.Queue = asyncio.Queue()
         try:
             choices = submit(request, queue)
         except QueueFull as full:
             return refuse(f"the server is busy: {full}; try again later", None, 503, "server_error")
-        identity = f"cmpl-{uuid.uuid4().hex}"
+        identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if request.stream:
-            return StreamingResponse(stream(http, request, choices, queue, identity), media_type="text/event-stream")
+            return StreamingResponse(stream(request, choices, queue, identity, chat), media_type="text/event-stream")
         try:
             while not all(c.done for c in choices):
                 try:
@@ -181,20 +230,24 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         failed = [c for c in choices if c.finish_reason in ("error", "abort")]
         if failed:
             return refuse(f"the request could not be completed: {failed[0].error or 'the server is shutting down'}", None, 503, "server_error")
-        return {
-            "id": identity, "object": "text_completion", "created": int(time.time()), "model": model_name,
-            "choices": [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
-            "usage": usage(request, choices),
-            "verispec": {"choices": [_stats(c) for c in choices]},
-        }
+        if chat:
+            listed = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                       "finish_reason": c.finish_reason} for c in choices]
+        else:
+            listed = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                       "logprobs": None if request.logprobs is None else logprobs_of(c, 0, None)} for c in choices]
+        return {"id": identity, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": listed, "usage": usage(request, choices), "verispec": {"choices": [_stats(c) for c in choices]}}
 
-    async def stream(http: Request, request: CompletionRequest, choices: list[_Choice], queue: asyncio.Queue, identity: str):
+    async def stream(request: CompletionRequest, choices: list[_Choice], queue: asyncio.Queue, identity: str, chat: bool):
         def chunk(choice_list: list[dict], **extra) -> str:
-            payload = {"id": identity, "object": "text_completion", "created": int(time.time()), "model": model_name,
-                       "choices": choice_list, **extra}
+            payload = {"id": identity, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                       "model": model_name, "choices": choice_list, **extra}
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
         try:
+            if chat:  # the role first, as OpenAI's streams do
+                yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for c in choices])
             while not all(c.done for c in choices):
                 index, event = await queue.get()
                 choice = choices[index]
@@ -205,17 +258,21 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                     return
                 end = safe_prefix(choice.text, request.stop, choice.done)
                 if end > choice.sent or choice.done:
+                    logprobs = None
+                    if request.logprobs is not None:  # the tokens committed since the last chunk
+                        logprobs = logprobs_of(choice, choice.logprobs_sent, None, choice.sent)
+                        choice.logprobs_sent = len(choice.tokens) if choice.kept is None else choice.kept
                     piece, choice.sent = choice.text[choice.sent : end], max(end, choice.sent)
-                    yield chunk([{"index": index, "text": piece, "logprobs": None, "finish_reason": choice.finish_reason}])
+                    if chat:
+                        yield chunk([{"index": index, "delta": {"content": piece} if piece else {}, "logprobs": None,
+                                      "finish_reason": choice.finish_reason}])
+                    else:
+                        yield chunk([{"index": index, "text": piece, "logprobs": logprobs, "finish_reason": choice.finish_reason}])
             if request.include_usage:
                 yield chunk([], usage=usage(request, choices), verispec={"choices": [_stats(c) for c in choices]})
             yield "data: [DONE]\n\n"
         finally:  # the client went away (the task is cancelled) or the stream ended: free the rows
             cancel_all(choices)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: Request):
-        return refuse(f"the model '{model_name}' has no chat template in its tokenizer: use /v1/completions with a prompt", "messages")
 
     @app.get("/v1/models")
     async def models():

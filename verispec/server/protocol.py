@@ -18,6 +18,7 @@ MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_STOP_LENGTH = 256
+MAX_LOGPROBS = 5  # OpenAI's limit on alternatives per token
 SUPPORTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "n",
              "user", "sampling", "stream_options", "logprobs", "echo", "best_of", "presence_penalty", "frequency_penalty", "suffix"}
 
@@ -42,6 +43,7 @@ class CompletionRequest:
     stop: list[str]
     stream: bool
     include_usage: bool  # stream_options.include_usage
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (OpenAI: at most 5)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
@@ -115,8 +117,7 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     for name in ("echo",):
         if body.get(name) not in (None, False):
             raise BadRequest(f"'{name}' is not supported", name)
-    if body.get("logprobs") is not None:
-        raise BadRequest("'logprobs' is not supported yet", "logprobs")
+    logprobs = _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
     if body.get("suffix") not in (None, ""):
         raise BadRequest("'suffix' is not supported", "suffix")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -170,7 +171,7 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
                        stop_token_ids=eos, sampling=sampling, seed=None if seed is None else row_seed(seed, j))
         for _ in prompts for j in range(n)
     ]
-    return CompletionRequest(prompts, params, n, stop, bool(stream), bool((options or {}).get("include_usage", False)))
+    return CompletionRequest(prompts, params, n, stop, bool(stream), bool((options or {}).get("include_usage", False)), logprobs)
 
 
 def find_stop(text: str, stop: list[str], start: int = 0) -> int | None:

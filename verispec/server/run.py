@@ -13,7 +13,7 @@ from .scheduler import Scheduler
 
 
 def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8, max_waiting: int = 64,
-          max_model_len: int | None = None, eos: tuple[int, ...] = ()):
+          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None):
     """(app, scheduler) over loaded models; the scheduler's thread starts with the app (lifespan)."""
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     if max_model_len is None:
@@ -22,7 +22,7 @@ def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8,
         raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's context of {context} positions")
     metrics = Metrics(model_name)
     scheduler = Scheduler(target, drafter, k, max_batch, max_waiting, max_model_len, metrics)
-    app = create_app(scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics)
+    app = create_app(scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics, chat_template=chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -41,3 +41,31 @@ def run(app, host: str, port: int) -> None:
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+class Running:
+    """A server in a thread of this process, on 127.0.0.1 and a free port (`url`); `stop()`."""
+
+    def __init__(self, app, timeout: float = 60.0):
+        import threading
+        import time
+
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, name="verispec-server", daemon=True)
+        self.thread.start()
+        deadline = time.time() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def start_in_thread(app) -> Running:
+    return Running(app)

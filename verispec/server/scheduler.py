@@ -23,8 +23,6 @@ from ..control import DraftLengthPolicy
 from ..engine import Batch
 from ..stats import RequestStats
 
-PLACEHOLDER = SamplingParams(temperature=0, max_new_tokens=1)  # a free row's settings (it never runs)
-
 
 class QueueFull(Exception):
     """The waiting queue holds max_waiting requests: the server answers 503 at once."""
@@ -38,6 +36,7 @@ class Event:
     finish_reason: str | None = None  # "stop", "length", "abort", or "error" (then `error` says why)
     stats: RequestStats | None = None
     error: str | None = None
+    logprobs: list[tuple[float, dict[int, float]]] | None = None  # one per token, when asked for
 
 
 @dataclass(eq=False)
@@ -45,6 +44,7 @@ class Submission:
     prompt: list[int]
     params: SamplingParams
     on_event: Callable[[Event], None]  # called on the scheduler's thread: must not block
+    logprobs: int | None = None  # None, or alternatives wanted with each token's log-probability
     cancelled: str | None = None  # why, once cancelled: "abort" (the client left) or "stop" (a stop string)
     arrived: float = field(default_factory=time.perf_counter)
     last_event: float | None = None
@@ -52,7 +52,8 @@ class Submission:
 
 class Scheduler:
     """`submit(submission)` (QueueFull when max_waiting wait already), `cancel(submission)`,
-    `start()`, `stop()`. The rows' caches hold max_model_len positions each (prompt + max_tokens)."""
+    `start()`, `stop()`. The rows' caches hold max_model_len positions each (prompt + max_tokens).
+    The batch's rows are the running submissions themselves (their ids in `engine.Batch`)."""
 
     def __init__(self, target, drafter, k: int | DraftLengthPolicy, max_batch: int, max_waiting: int, max_model_len: int, metrics=None):
         for name, value in (("max_batch", max_batch), ("max_waiting", max_waiting), ("max_model_len", max_model_len)):
@@ -61,9 +62,8 @@ class Scheduler:
         self.max_batch, self.max_waiting, self.max_model_len = max_batch, max_waiting, max_model_len
         self.metrics = metrics
         k_max = k.k_max if isinstance(k, DraftLengthPolicy) else k
-        self.batch = Batch(target, [[0]] * max_batch, PLACEHOLDER, drafter, k, live=[False] * max_batch,
-                           compiled=False, max_length=max_model_len + k_max + 1)
-        self.rows: list[Submission | None] = [None] * max_batch
+        self.batch = Batch(target, [], [], drafter, k, capacity=max_batch, max_length=max_model_len + k_max + 1,
+                           compiled=False, count_requests=False)
         self.waiting: deque[Submission] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -99,7 +99,7 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return sum(1 for s in self.rows if s is not None)
+        return len(self.batch)
 
     # ---- the scheduler's thread
 
@@ -114,9 +114,9 @@ class Scheduler:
                     pass
         except BaseException as error:  # noqa: BLE001 (every request still held must hear of it)
             self.error = error
-            for submission in [s for s in self.rows if s is not None] + list(self.waiting):
+            for submission in list(self.batch.ids) + list(self.waiting):
                 submission.on_event(Event([], "error", error=f"the engine stopped: {error}"))
-            self.rows, self.waiting = [None] * self.max_batch, deque()
+            self.waiting = deque()
             self._gauges()
 
     def _turn(self) -> bool:
@@ -124,56 +124,47 @@ class Scheduler:
             while not self._stopping and not self.waiting and self.running == 0:
                 self._wake.wait(0.5)
             if self._stopping:
-                for submission in [s for s in self.rows if s is not None] + list(self.waiting):
+                for submission in list(self.batch.ids) + list(self.waiting):
                     submission.on_event(Event([], "abort", error="the server is shutting down"))
                 return False
-            free = [row for row, s in enumerate(self.rows) if s is None]
-            joining: list[tuple[int, Submission]] = []
-            while free and self.waiting:
+            joining: list[Submission] = []
+            while len(joining) < self.max_batch - self.running and self.waiting:
                 submission = self.waiting.popleft()
                 if submission.cancelled:
                     submission.on_event(Event([], submission.cancelled))
                     continue
-                joining.append((free.pop(0), submission))
-        self._cancel_rows()
+                joining.append(submission)
+        self._cancel()
         if joining:
             self._join(joining)
         self._gauges()
-        if any(self.batch.active):
+        if len(self.batch):
             self._pass()
             self._gauges()
         return True
 
-    def _cancel_rows(self) -> None:
-        for row, submission in enumerate(self.rows):
-            if submission is not None and submission.cancelled:
-                self.batch.cancel([row], submission.cancelled)
-                self._finish(row, Event([], submission.cancelled, stats=self.batch.requests[row]))
+    def _cancel(self) -> None:
+        for reason in ("abort", "stop"):
+            cancelled = [s for s in self.batch.ids if s.cancelled == reason]
+            if cancelled:
+                self.batch.cancel(cancelled, reason)
+                for submission, request in self.batch.finished:
+                    self._finish(submission, Event([], reason, stats=request))
 
-    def _join(self, joining: list[tuple[int, Submission]]) -> None:
-        rows = [row for row, _ in joining]
-        submissions = [s for _, s in joining]
+    def _join(self, joining: list[Submission]) -> None:
         try:
-            self.batch.join(rows, [s.prompt for s in submissions], [s.params for s in submissions])
+            self.batch.join([s.prompt for s in joining], [s.params for s in joining], joining, [s.logprobs for s in joining])
         except ValueError as error:  # the HTTP layer checks first: this is a last line, never a crash
-            for submission in submissions:
+            for submission in joining:
                 submission.on_event(Event([], "error", error=str(error)))
-            return
-        for row, submission in joining:
-            self.rows[row] = submission
 
     def _pass(self) -> None:
-        running = [row for row, live in enumerate(self.batch.active) if live]
         chunk = self.batch.step()
         now = time.perf_counter()
-        k, accepted = self.batch.last_k, self.batch.last_accepted
         if self.metrics is not None:
-            self.metrics.observe_pass(len(running), k, [accepted[row] for row in running])
-        for row in running:
-            submission = self.rows[row]
-            if submission is None:
-                continue
-            tokens = chunk[row]
+            self.metrics.observe_pass(len(chunk), self.batch.last_k, list(self.batch.last_accepted.values()))
+        finished = dict(self.batch.finished)
+        for submission, tokens in chunk.items():
             if self.metrics is not None and tokens:
                 if submission.last_event is None:
                     self.metrics.observe_first_token(now - submission.arrived)
@@ -181,16 +172,14 @@ class Scheduler:
                     self.metrics.observe_inter_token(now - submission.last_event, len(tokens))
             if tokens:
                 submission.last_event = now
-            if not self.batch.active[row]:
-                request = self.batch.requests[row]
-                self._finish(row, Event(tokens, request.finish_reason, stats=request))
+            logprobs = self.batch.last_logprobs.get(submission)
+            if submission in finished:
+                request = finished[submission]
+                self._finish(submission, Event(tokens, request.finish_reason, stats=request, logprobs=logprobs))
             elif tokens:
-                submission.on_event(Event(tokens))
+                submission.on_event(Event(tokens, logprobs=logprobs))
 
-    def _finish(self, row: int, event: Event) -> None:
-        submission = self.rows[row]
-        self.rows[row] = None
+    def _finish(self, submission: Submission, event: Event) -> None:
         if self.metrics is not None and event.stats is not None:
             self.metrics.observe_finished(event.finish_reason or "abort", event.stats)
-        if submission is not None:
-            submission.on_event(event)
+        submission.on_event(event)

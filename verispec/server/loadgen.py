@@ -1,0 +1,158 @@
+"""`verispec bench-serve`: a bounded load generator for `verispec serve`, on loopback.
+
+Owns `run_level` (n streamed completions at a fixed concurrency against one server: per
+request the time to first token, the gaps between chunks, the tokens from `usage`) and
+`bench_serve` (servers for plain decoding, fixed k and `auto` started in this process on
+127.0.0.1 ports of their own, or one running server given by URL; every concurrency level runs
+each mode in turn, `repeats` times, so that modes are interleaved; medians per mode and level,
+throughput ratios to plain measured in the same round). Reports JSON, CSV and a plot. Knows
+the HTTP API only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Level:
+    mode: str
+    concurrency: int
+    requests: int
+    throughput_tok_s: float  # completion tokens / wall seconds of the level
+    requests_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float  # gaps between streamed chunks (a chunk may carry several tokens)
+    itl_p99_s: float
+    tpot_p50_s: float  # per request: (last chunk - first chunk) / (tokens - 1)
+    errors: int
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+async def _one(client, url: str, body: dict) -> tuple[float, list[float], int] | None:
+    """(time to first chunk, chunk arrival times, completion tokens) of one streamed request."""
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return None
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[6:])
+            if payload.get("choices"):
+                arrivals.append(time.perf_counter())
+            if payload.get("usage"):
+                tokens = payload["usage"]["completion_tokens"]
+    if not arrivals:
+        return None
+    return arrivals[0] - start, arrivals, tokens
+
+
+async def _level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float) -> tuple[float, list]:
+    import httpx
+
+    queue = list(range(requests))
+    results: list = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "temperature": temperature,
+                        "seed": i, "stream": True, "stream_options": {"include_usage": True}}
+                results.append(await _one(client, url, body))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started, results
+
+
+def run_level(url: str, mode: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float = 0.0) -> Level:
+    wall, results = asyncio.run(_level(url, prompts, concurrency, requests, max_tokens, temperature))
+    done = [r for r in results if r is not None]
+    tokens = sum(r[2] for r in done)
+    gaps = [b - a for _, arrivals, _ in done for a, b in itertools.pairwise(arrivals)]
+    tpot = [(arrivals[-1] - arrivals[0]) / (n - 1) for _, arrivals, n in done if n > 1]
+    ttft = [r[0] for r in done]
+    return Level(mode, concurrency, len(results), tokens / wall, len(done) / wall, _quantile(ttft, 0.5), _quantile(ttft, 0.99),
+                 _quantile(gaps, 0.5), _quantile(gaps, 0.99), _quantile(tpot, 0.5), len(results) - len(done))
+
+
+def summarize(levels: list[Level]) -> list[dict]:
+    """Medians over repeats per (mode, concurrency), with the throughput ratio to plain from the
+    same repeats where plain ran."""
+    rows = []
+    keys = sorted({(lv.mode, lv.concurrency) for lv in levels}, key=lambda key: (key[1], key[0] != "plain", key[0]))
+    for mode, concurrency in keys:
+        runs = [lv for lv in levels if lv.mode == mode and lv.concurrency == concurrency]
+        row = {"mode": mode, "concurrency": concurrency, "repeats": len(runs)}
+        for name in ("throughput_tok_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s"):
+            row[name] = statistics.median(getattr(lv, name) for lv in runs)
+        row["errors"] = sum(lv.errors for lv in runs)
+        plain = [lv for lv in levels if lv.mode == "plain" and lv.concurrency == concurrency]
+        if plain and mode != "plain" and len(plain) == len(runs):
+            row["throughput_vs_plain"] = statistics.median(a.throughput_tok_s / b.throughput_tok_s for a, b in zip(runs, plain))
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    import csv
+
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for mode in dict.fromkeys(row["mode"] for row in rows):
+        points = sorted((row["concurrency"], row["throughput_tok_s"]) for row in rows if row["mode"] == mode)
+        axis.plot([c for c, _ in points], [t for _, t in points], marker="o", label=mode)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("concurrent requests")
+    axis.set_ylabel("completion tokens / s")
+    axis.set_title("verispec serve: throughput against concurrency")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[int], requests: int | None, max_tokens: int,
+                temperature: float, repeats: int, progress=None) -> list[Level]:
+    """servers: mode -> base URL. Each level runs every mode in turn, `repeats` times."""
+    levels = []
+    for c in concurrency:
+        n = requests or max(8, 2 * c)
+        for _ in range(repeats):
+            for mode, url in servers.items():
+                levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature))
+                if progress is not None:
+                    progress(levels[-1])
+    return levels
+
+
+def as_dict(level: Level) -> dict:
+    return asdict(level)
