@@ -69,7 +69,7 @@ def churn(model, drafter, n: int, seed: int, batch_cls=Batch, k: int = 3) -> np.
     kinds: dict[int, str] = {}  # id -> "probe" (a PROMPT request) or "other"
     outputs: dict[int, list[int]] = {}
     counts = np.zeros(VOCAB**TOKENS, dtype=np.int64)
-    started = done = next_id = 0
+    done = next_id = 0
 
     def left():
         nonlocal done
@@ -178,7 +178,7 @@ def test_bad_joins_are_clear_errors(target, made):
     batch.join([PROMPT], [GREEDY], ["a"])
     with pytest.raises(ValueError, match="ids must be distinct"):
         batch.join([PROMPT], [GREEDY], ["a"])
-    with pytest.raises(ValueError, match="holds 2 rows; 1 run and 2 asked to join"):
+    with pytest.raises(ValueError, match="holds 2 rows; 1 run, 0 are staged and 2 asked to join"):
         batch.join([PROMPT, PROMPT], [GREEDY, GREEDY], ["b", "c"])
     with pytest.raises(ValueError, match="exceeds the batch's max_length"):
         batch.join([PROMPT], [replace(GREEDY, max_new_tokens=40)], ["b"])
@@ -211,3 +211,58 @@ def test_logprobs_are_the_targets_raw_log_probabilities_of_the_committed_tokens(
         assert len(top) == 2 and max(top.values()) == pytest.approx(float(reference[j].max()), abs=1e-5)
         if temperature == 0:
             assert chosen == pytest.approx(max(top.values()), abs=1e-6)  # greedy: the chosen token is the most likely
+
+
+def _staged_midway(model, drafter, prompts, params, piece: int = 2, k: int = 3) -> list[list[int]]:
+    """As _joined_midway, but each prompt is read `piece` tokens per pass into a reserved row
+    (Batch.reserve / feed / join_staged) while the other requests run."""
+    rng = random.Random(6)
+    batch = Batch(model, [], [], drafter, k=k, capacity=len(prompts) + 3, compiled=False, max_length=64)
+    background = [_other(rng) for _ in range(2)]
+    batch.join([p for p, _ in background], [replace(q, max_new_tokens=40) for _, q in background], [-1, -2])
+    outputs: dict[int, list[int]] = {}
+    waiting, staging = list(range(len(prompts))), []  # staging: [index, Staged]
+    while waiting or staging or any(i in outputs for i in batch.ids):
+        if waiting and len(staging) < 2:
+            staging.append([waiting.pop(0), batch.reserve()])
+        for entry in staging[:1]:  # one piece per pass
+            i, staged = entry
+            body = prompts[i][:-1]
+            if staged.fed < len(body):
+                batch.feed(staged, body[staged.fed : staged.fed + piece])
+            if staged.fed == len(body):
+                batch.join_staged(staged, prompts[i], params[i], i)
+                outputs[i] = []
+                staging.remove(entry)
+        if not len(batch):
+            continue
+        for i, tokens in batch.step().items():
+            if i in outputs:
+                outputs[i].extend(tokens)
+    return [outputs[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("name", ["model", "early-exit", "ngram", "hf-gpt2"])
+def test_prompts_read_piece_by_piece_before_joining_give_plain_greedy(target, made, name):
+    prompts = [PROMPT + [1, 3, 0, 2], [0, 4, 4, 2, 1, 3], [3, 3, 1]]
+    plain = generate_all(target, prompts, GREEDY)
+    assert Batch(target, [], [], DRAFTERS[name](target, made), k=3, capacity=2, compiled=False, max_length=64).reserve() is not None
+    assert _staged_midway(target, DRAFTERS[name](target, made), prompts, [GREEDY] * len(prompts)) == plain
+
+
+def test_prompts_read_piece_by_piece_on_llama_cpp(gguf):  # noqa: F811 (gguf: the fixture)
+    prompts = [PROMPT + [1, 3, 0, 2], [0, 4, 4, 2, 1, 3], [3, 3, 1]]
+    plain = generate_all(gguf["target"], prompts, GREEDY)
+    assert _staged_midway(gguf["target"], ModelDrafter(gguf["draft"]), prompts, [GREEDY] * len(prompts)) == plain
+    assert _staged_midway(gguf["target"], None, prompts, [GREEDY] * len(prompts)) == plain
+
+
+def test_a_staged_row_counts_against_the_capacity_and_can_be_given_up(target, made):
+    batch = Batch(target, [], [], DRAFTERS["model"](target, made), k=2, capacity=2, compiled=False, max_length=32)
+    staged = batch.reserve()
+    batch.join([PROMPT], [GREEDY], ["a"])
+    with pytest.raises(ValueError, match="1 run, 1 are staged"):
+        batch.join([PROMPT], [GREEDY], ["b"])
+    batch.release(staged)
+    batch.join([PROMPT], [GREEDY], ["b"])
+    assert batch.ids == ["a", "b"]

@@ -343,3 +343,75 @@ def test_chat_completions_render_the_models_template(pair, tmp_path):
             assert refused.status_code == 400 and message in refused.json()["error"]["message"], (body, refused.text)
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_serve_from_the_command_line_answers_then_stops_cleanly_on_a_signal(signal_name):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--port", str(port), "--k", "2", "--max-batch", "2",
+                                "--max-model-len", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        answer = _post(url, {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
+        process.send_signal(getattr(signal, signal_name))
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_long_prompt_is_read_in_pieces_between_the_running_requests_passes(pair):
+    import threading
+
+    from verispec.server.metrics import Metrics
+    from verispec.server.scheduler import Scheduler, Submission
+
+    target, draft, tokenizer = pair
+    metrics = Metrics("pair")
+    scheduler = Scheduler(target, ModelDrafter(draft), FixedLength(3), max_batch=4, max_waiting=8, max_model_len=MAX_MODEL_LEN,
+                          metrics=metrics, prefill_chunk=32)
+    scheduler.start()
+    try:
+        def submit(prompt: list[int], max_tokens: int):
+            tokens, done, first = [], threading.Event(), threading.Event()
+
+            def on_event(event):
+                tokens.extend(event.tokens)
+                first.set()
+                if event.finish_reason:
+                    done.set()
+            submission = Submission(prompt, SamplingParams(temperature=0, max_new_tokens=max_tokens, stop_token_ids=()), on_event)
+            scheduler.submit(submission)
+            return submission, tokens, done, first
+
+        running = submit(tokenizer.encode(PROMPTS[0]).ids, 150)
+        running[3].wait(30)
+        long_prompt = (tokenizer.encode("\n".join(PROMPTS * 4)).ids * 3)[:200]
+        passes_before = scheduler.passes
+        submission, tokens, done, _ = submit(long_prompt, 8)
+        assert done.wait(60) and running[2].wait(60)
+        chunks = -(-(len(long_prompt) - 1) // 32)  # 7
+        assert metrics.prefill_chunks._value.get() == chunks
+        assert submission.joined_pass - passes_before >= chunks - 1  # the running request's passes went on between the pieces
+        plain = generate_all(target, [long_prompt, tokenizer.encode(PROMPTS[0]).ids], [SamplingParams(temperature=0, max_new_tokens=n)
+                                                                                       for n in (8, 150)])
+        assert tokens == plain[0] and running[1] == plain[1]
+    finally:
+        scheduler.stop()

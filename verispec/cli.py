@@ -167,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-batch", type=_positive, default=8, help="rows decoded together at most (default 8)")
     srv.add_argument("--max-waiting", type=_positive, default=64, help="requests waiting for a row at most; beyond it: 503 (default 64)")
     srv.add_argument("--max-model-len", type=_positive, default=None, help="prompt + max_tokens per request at most (default: the model's context)")
+    srv.add_argument("--prefill-chunk", type=_positive, default=256, help="a longer prompt is read this many tokens per pass, so that the "
+                     "running requests wait at most one piece (default 256)")
     srv.add_argument("--model-name", default=None, help="the model's name in the API (default: the target's directory or file name)")
     srv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     _add_confidence_argument(srv)
@@ -955,7 +957,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     app, scheduler = build(target, drafter, tokenizer, model_name=name, k=k, max_batch=args.max_batch,
                            max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=eos,
-                           chat_template=load_chat_template(args.target))
+                           chat_template=load_chat_template(args.target), prefill_chunk=args.prefill_chunk)
     print(f"verispec serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
     run(app, args.host, args.port)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .config import SamplingParams
 from .control import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
-from .models.rows import prefill_rows
+from .models.rows import extend_rows, prefill_rows
 from .rejection import acceptance_probability, verify, verify_greedy
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
@@ -138,6 +139,15 @@ def _rule(
     return output, num_accepted, beta
 
 
+@dataclass
+class Staged:
+    """A row outside the batch whose prompt is being read piece by piece (`Batch.reserve`)."""
+
+    view: object  # a one-row cache over the target cache's free storage
+    draft_view: object | None  # the same in the draft model's cache (None: nothing to read ahead)
+    fed: int = 0  # prompt tokens written
+
+
 class Batch:
     """Requests decoding together, one target pass per `step`; they join and leave between passes.
 
@@ -202,6 +212,7 @@ class Batch:
         self.active = [True] * batch
         self.finished: list[tuple[object, RequestStats]] = []  # (id, stats) of the rows that left at the last step or cancel
         self._done: dict = {}  # id -> stats of requests that left (count_requests)
+        self._staged = 0  # rows reserved for prompts being read piece by piece
         self.started = time.perf_counter()
         self.cache = target.new_cache(self.capacity, self.max_length)
         if self.capacity > batch:
@@ -279,8 +290,9 @@ class Batch:
                                "or its target's cache or drafter cannot add rows")
         if len(params) != len(prompts) or len(ids) != len(prompts):
             raise ValueError(f"join needs one SamplingParams and one id per prompt, got {len(prompts)}, {len(params)}, {len(ids)}")
-        if len(self.ids) + len(prompts) > self.capacity:
-            raise ValueError(f"the batch holds {self.capacity} rows; {len(self.ids)} run and {len(prompts)} asked to join")
+        if len(self.ids) + self._staged + len(prompts) > self.capacity:
+            raise ValueError(f"the batch holds {self.capacity} rows; {len(self.ids)} run, {self._staged} are staged "
+                             f"and {len(prompts)} asked to join")
         if len(set(ids)) != len(ids) or set(ids) & set(self.ids):
             raise ValueError("ids must be distinct from each other and from the running requests'")
         check_context(self.target, prompts, [p.max_new_tokens for p in params])
@@ -293,6 +305,67 @@ class Batch:
         prefill_rows(self.target, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
         if self.drafter is not None:
             self.drafter.add_rows(prompts)
+        self._append(prompts, params, ids, logprobs)
+        _sync(self.device)
+        self.stats.prefill_time_s += time.perf_counter() - started
+
+    # A long prompt read piece by piece before its request joins (the server's chunked prefill,
+    # so that the running rows wait at most one piece): `reserve` a row outside the batch, `feed`
+    # it the prompt but its last token in pieces, then `join_staged` (or `release`).
+    def reserve(self) -> Staged | None:
+        """A staged row, or None where this batch cannot stage (a cache or drafter without
+        reserve_row: such a prompt is read whole at join)."""
+        if not self.can_change_rows or not hasattr(self.cache, "reserve_row"):
+            return None
+        if self.drafter is not None and not hasattr(self.drafter, "reserve_row"):
+            return None
+        if len(self.ids) + self._staged + 1 > self.capacity:
+            raise ValueError(f"the batch holds {self.capacity} rows; {len(self.ids)} run and {self._staged} are staged")
+        view = self.cache.reserve_row()
+        draft_view = self.drafter.reserve_row() if self.drafter is not None else None
+        self._staged += 1
+        return Staged(view, draft_view)
+
+    @torch.no_grad()
+    def feed(self, staged: Staged, tokens: Sequence[int]) -> None:
+        """Write the next piece of a staged prompt (never its last token)."""
+        started = time.perf_counter()
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
+        if staged.view.host_lengths[0] + ids.shape[1] > self.max_length:
+            raise ValueError(f"a staged prompt longer than the batch's max_length ({self.max_length})")
+        extend_rows(self.target, staged.view, ids)
+        if staged.draft_view is not None:
+            extend_rows(self.drafter.model, staged.draft_view, ids)
+        staged.fed += ids.shape[1]
+        _sync(self.device)
+        self.stats.prefill_time_s += time.perf_counter() - started
+
+    def release(self, staged: Staged) -> None:
+        """Give a staged row up (its request was cancelled before it joined)."""
+        self.cache.release_row(staged.view)
+        if staged.draft_view is not None:
+            self.drafter.release_row(staged.draft_view)
+        self._staged -= 1
+
+    @torch.no_grad()
+    def join_staged(self, staged: Staged, prompt: Sequence[int], params: SamplingParams, id, logprobs: int | None = None) -> None:
+        """Start the request whose prompt but its last token was fed to `staged`: it becomes the
+        batch's last row, as `join` would make it."""
+        prompt = _check_prompts([prompt], self.target.vocab_size)[0]
+        if staged.fed != len(prompt) - 1:
+            raise ValueError(f"the staged row holds {staged.fed} tokens; the prompt but its last token is {len(prompt) - 1}")
+        if id in self.ids:
+            raise ValueError("ids must be distinct from the running requests'")
+        check_context(self.target, [prompt], [params.max_new_tokens])
+        if len(prompt) + params.max_new_tokens + self.policy.k_max + 1 > self.max_length:
+            raise ValueError(f"a prompt plus its max_new_tokens and k_max + 1 exceeds the batch's max_length ({self.max_length})")
+        self.cache.adopt_row(staged.view)
+        if self.drafter is not None:
+            self.drafter.add_rows([prompt], [staged.draft_view])
+        self._staged -= 1
+        self._append([prompt], [params], [id], [logprobs])
+
+    def _append(self, prompts: list[list[int]], params: list[SamplingParams], ids: list, logprobs: list) -> None:
         self.sampling.add_rows(params)
         self.pending_ids += [p[-1] for p in prompts]
         self.pending = torch.tensor(self.pending_ids, dtype=torch.long, device=self.device)
@@ -300,8 +373,6 @@ class Batch:
         self.logprobs += logprobs
         self.requests += [RequestStats(prompt_tokens=len(p)) for p in prompts]
         self.active += [True] * len(prompts)
-        _sync(self.device)
-        self.stats.prefill_time_s += time.perf_counter() - started
 
     def cancel(self, ids: Sequence, reason: str = "abort") -> None:
         """End these requests before their budget (a client went away, a stop string): their

@@ -101,9 +101,12 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending = self.pending.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.pending.device))
         self.pending_count = [1] * len(rows)
 
-    def add_rows(self, prompts: list[list[int]]) -> None:
+    def reserve_row(self):
+        return super().reserve_row() if self.target_cache is None else None  # shared: the target's reserved row holds the layers
+
+    def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
         if self.target_cache is None:
-            return super().add_rows(prompts)
+            return super().add_rows(prompts, views)
         # The engine has prefilled these rows' p[:-1] into the target's cache: the layers are there.
         self.cache.follow(self.target_cache)
         last = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.pending.device)

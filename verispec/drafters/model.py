@@ -69,13 +69,25 @@ class ModelDrafter:
         self.pending_count = [self.pending_count[r] for r in rows]
         self._prompts = [self._prompts[r] for r in rows]
 
-    def add_rows(self, prompts: list[list[int]]) -> None:
+    def reserve_row(self):
+        """A one-row cache for a prompt read piece by piece before its request joins (the
+        server's chunked prefill), or None where the draft's cache cannot (read at add_rows)."""
+        return self.cache.reserve_row() if hasattr(self.cache, "reserve_row") else None
+
+    def release_row(self, view) -> None:
+        self.cache.release_row(view)
+
+    def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
         """New requests after the other rows (engine.Batch): each prompt is read now (all but its
-        last token, which is pending)."""
+        last token, which is pending), or was read into `views` (from reserve_row) already."""
         assert self.cache is not None, "start() first"
-        first = self.cache.batch_size
-        self.cache.add_rows(len(prompts))
-        prefill_rows(self.model, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
+        if views is not None and all(v is not None for v in views):
+            for view in views:
+                self.cache.adopt_row(view)
+        else:
+            first = self.cache.batch_size
+            self.cache.add_rows(len(prompts))
+            prefill_rows(self.model, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
         new = self.pending.new_zeros(len(prompts), self.pending.shape[1])
         new[:, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=new.device)
         self.pending = torch.cat([self.pending, new])

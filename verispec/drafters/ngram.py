@@ -72,7 +72,10 @@ class PromptLookupDrafter:
         self.host_lengths = [self.host_lengths[r] for r in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
 
-    def add_rows(self, prompts: list[list[int]]) -> None:
+    def reserve_row(self) -> None:
+        return None  # nothing to read ahead: the history is the prompt
+
+    def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
         """New requests after the other rows: their histories are their prompts."""
         assert self.tokens is not None, "start() first"
         width = max(self.tokens.shape[1], max(len(p) for p in prompts))

@@ -199,9 +199,37 @@ class KVCache(CacheLengths):
                 self._values[:, new, : lengths[old]] = self._values[:, old, : lengths[old]]
 
     def add_rows(self, count: int) -> None:
-        if self.batch_size + count > self._keys.shape[1]:
-            raise ValueError(f"the cache holds {self._keys.shape[1]} rows; {self.batch_size} + {count} asked for")
+        reserved = len(getattr(self, "_reserved", ()))
+        if self.batch_size + count + reserved > self._keys.shape[1]:
+            raise ValueError(f"the cache holds {self._keys.shape[1]} rows; {self.batch_size} + {count} asked for ({reserved} reserved)")
         self._add_lengths(count)
+
+    # A prompt can be prefilled piece by piece before its request joins (the server's chunked
+    # prefill): `reserve_row` gives a one-row cache over free storage (the highest free row, so
+    # that rows added meanwhile do not meet it), the model writes the prompt into it, and
+    # `adopt_row` makes it the batch's last row (one copy of its valid positions), or
+    # `release_row` gives it up.
+    def reserve_row(self) -> "KVCache":
+        self._reserved = getattr(self, "_reserved", set())
+        top = self._keys.shape[1] - 1 - len(self._reserved)
+        if top < self.batch_size:
+            raise ValueError(f"the cache holds {self._keys.shape[1]} rows; none is free to reserve")
+        view = KVCache.__new__(KVCache)
+        CacheLengths.__init__(view, 1, self.max_length, self.lengths.device)
+        view._keys, view._values, view._storage_row = self._keys[:, top : top + 1], self._values[:, top : top + 1], top
+        self._reserved.add(top)
+        return view
+
+    def adopt_row(self, view: "KVCache") -> None:
+        row, length = self.batch_size, view.host_lengths[0]
+        self._reserved.discard(view._storage_row)
+        if view._storage_row != row:
+            self._keys[:, row, :length] = self._keys[:, view._storage_row, :length]
+            self._values[:, row, :length] = self._values[:, view._storage_row, :length]
+        self.set_lengths(self._host_lengths + [length])
+
+    def release_row(self, view: "KVCache") -> None:
+        self._reserved.discard(view._storage_row)
 
 
 class RMSNorm(nn.Module):

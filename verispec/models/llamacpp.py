@@ -254,9 +254,33 @@ class LlamaCppCache(CacheLengths):
             _llama().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
         self.seqs = kept
 
+    def reserve_row(self) -> "LlamaCppCache":
+        """A one-row cache on a free sequence, for a prompt prefilled piece by piece before its
+        request joins (`adopt_row`: the batch's last row, nothing copied; `release_row`)."""
+        self._reserved = getattr(self, "_reserved", set())
+        free = sorted(set(range(self.context.n_seq)) - set(self.seqs) - self._reserved)
+        if not free:
+            raise ValueError(f"the llama.cpp context holds {self.context.n_seq} sequences; none is free to reserve")
+        seq = free[-1]
+        _llama().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
+        view = LlamaCppCache.__new__(LlamaCppCache)
+        view.max_length, view._host_lengths, view.model, view.context, view.seqs = self.max_length, [0], self.model, self.context, [seq]
+        view._view = True  # shares the context: never hands it back
+        self._reserved.add(seq)
+        return view
+
+    def adopt_row(self, view: "LlamaCppCache") -> None:
+        self._reserved.discard(view.seqs[0])
+        self.seqs = self.seqs + view.seqs
+        self._host_lengths = self._host_lengths + view.host_lengths
+
+    def release_row(self, view: "LlamaCppCache") -> None:
+        self._reserved.discard(view.seqs[0])
+        _llama().llama_memory_seq_rm(self.context.memory, view.seqs[0], 0, -1)
+
     def add_rows(self, count: int) -> None:
         """Rows join on free sequences of the context (empty: emptied when their rows left)."""
-        free = sorted(set(range(self.context.n_seq)) - set(self.seqs))
+        free = sorted(set(range(self.context.n_seq)) - set(self.seqs) - getattr(self, "_reserved", set()))
         if count > len(free):
             raise ValueError(f"the llama.cpp context holds {self.context.n_seq} sequences; {self.batch_size} + {count} asked for")
         self._add_lengths(count)
@@ -266,7 +290,7 @@ class LlamaCppCache(CacheLengths):
         self._host_lengths = list(lengths)
 
     def __del__(self) -> None:
-        if not sys.is_finalizing():
+        if not sys.is_finalizing() and not getattr(self, "_view", False):
             self.model._release(self.context)
 
 
@@ -371,10 +395,15 @@ class LlamaCppModel:
         else:
             positions = (np.asarray(lengths)[:, None] + np.arange(length)).ravel()  # [B*T]
             seqs = np.repeat(np.asarray(cache.seqs), length)  # [B*T]
-        result, inside = cache.context.decode(input_ids.numpy().ravel(), positions, seqs, True, read)
+        result, inside = cache.context.decode(input_ids.numpy().ravel(), positions, seqs, read is not None, read)
         self.forward_compute_s += inside
         cache.advance(length)
         return result
+
+    def write(self, input_ids: torch.Tensor, cache: LlamaCppCache) -> None:
+        """Write input_ids [B, T] at each row's length without asking for logits (a prompt read
+        piece by piece)."""
+        self._decode_rows(input_ids, cache, None)
 
     def greedy_continuation(self, input_ids: torch.Tensor, counts: list[int], steps: int, cache: LlamaCppCache,
                             confidence_threshold: float = 0.0, live: np.ndarray | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Starting new rows in a cache that other rows are using: `prefill_rows`.
+"""Starting new rows in a cache that other rows are using: `prefill_rows`, `extend_rows`.
 
 A batch whose requests come and go (engine.Batch, the server) reuses a finished row for a new
 prompt. `prefill_rows(model, cache, rows, prompts)` empties those rows and writes the prompts
@@ -41,3 +41,15 @@ def prefill_rows(model, cache, rows: Sequence[int], prompts: Sequence[Sequence[i
     for row, prompt in zip(rows, prompts):
         lengths[row] = len(prompt)
     cache.rollback(lengths)
+
+
+@torch.no_grad()
+def extend_rows(model, cache, input_ids: torch.Tensor) -> None:
+    """Write input_ids [B, T] at each row's length (a prompt read piece by piece), no logits
+    needed: verispec's Llama runs its layers only, llama.cpp asks for no output."""
+    if hasattr(model, "hidden_states"):
+        model.hidden_states(input_ids, cache)
+    elif hasattr(model, "write"):
+        model.write(input_ids, cache)
+    else:
+        model(input_ids, cache)

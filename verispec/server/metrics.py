@@ -55,6 +55,7 @@ class Metrics:
                                             "recovered or bonus token: 1 + accepted / row passes.")
         self.draft_length = gauge("verispec_draft_length", "k of the last target pass (0: plain decoding).")
         self.batch_size = gauge("verispec_batch_size", "Rows in the last target pass.")
+        self.prefill_chunks = counter("verispec_prefill_chunks", "Pieces of long prompts read between passes (--prefill-chunk tokens each).").labels(**labels)
         self._accepted = self._passes = 0
 
     def set_queue(self, running: int, waiting: int) -> None:

@@ -13,7 +13,8 @@ from .scheduler import Scheduler
 
 
 def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8, max_waiting: int = 64,
-          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None):
+          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None,
+          prefill_chunk: int = 256):
     """(app, scheduler) over loaded models; the scheduler's thread starts with the app (lifespan)."""
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     if max_model_len is None:
@@ -21,7 +22,7 @@ def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8,
     if isinstance(context, int) and max_model_len > context:
         raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's context of {context} positions")
     metrics = Metrics(model_name)
-    scheduler = Scheduler(target, drafter, k, max_batch, max_waiting, max_model_len, metrics)
+    scheduler = Scheduler(target, drafter, k, max_batch, max_waiting, max_model_len, metrics, prefill_chunk)
     app = create_app(scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics, chat_template=chat_template)
 
     @contextlib.asynccontextmanager
@@ -37,10 +38,24 @@ def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8,
 
 
 def run(app, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's own handling), then shut the scheduler down."""
+    """Serve until SIGINT or SIGTERM, then shut down gracefully (open streams get up to 5 s, the
+    scheduler stops) and return: the command exits 0. uvicorn's own handling would re-raise the
+    signal after its shutdown, so the process would die by it."""
+    import signal
+
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()
 
 
 class Running:

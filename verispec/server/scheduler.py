@@ -20,7 +20,7 @@ import torch
 
 from ..config import SamplingParams
 from ..control import DraftLengthPolicy
-from ..engine import Batch
+from ..engine import Batch, Staged
 from ..stats import RequestStats
 
 
@@ -47,6 +47,7 @@ class Submission:
     logprobs: int | None = None  # None, or alternatives wanted with each token's log-probability
     cancelled: str | None = None  # why, once cancelled: "abort" (the client left) or "stop" (a stop string)
     arrived: float = field(default_factory=time.perf_counter)
+    joined_pass: int | None = None  # the scheduler's pass count when a staged prompt joined
     last_event: float | None = None
 
 
@@ -55,16 +56,20 @@ class Scheduler:
     `start()`, `stop()`. The rows' caches hold max_model_len positions each (prompt + max_tokens).
     The batch's rows are the running submissions themselves (their ids in `engine.Batch`)."""
 
-    def __init__(self, target, drafter, k: int | DraftLengthPolicy, max_batch: int, max_waiting: int, max_model_len: int, metrics=None):
-        for name, value in (("max_batch", max_batch), ("max_waiting", max_waiting), ("max_model_len", max_model_len)):
+    def __init__(self, target, drafter, k: int | DraftLengthPolicy, max_batch: int, max_waiting: int, max_model_len: int, metrics=None,
+                 prefill_chunk: int = 256):
+        for name, value in (("max_batch", max_batch), ("max_waiting", max_waiting), ("max_model_len", max_model_len),
+                            ("prefill_chunk", prefill_chunk)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.max_batch, self.max_waiting, self.max_model_len = max_batch, max_waiting, max_model_len
+        self.max_batch, self.max_waiting, self.max_model_len, self.prefill_chunk = max_batch, max_waiting, max_model_len, prefill_chunk
         self.metrics = metrics
         k_max = k.k_max if isinstance(k, DraftLengthPolicy) else k
         self.batch = Batch(target, [], [], drafter, k, capacity=max_batch, max_length=max_model_len + k_max + 1,
                            compiled=False, count_requests=False)
         self.waiting: deque[Submission] = deque()
+        self.staging: deque[tuple[Submission, Staged]] = deque()  # long prompts being read, one piece per turn
+        self.passes = 0  # target passes so far
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
@@ -99,7 +104,8 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self.batch)
+        """Requests holding a row: decoding, or having their prompt read."""
+        return len(self.batch) + len(self.staging)
 
     # ---- the scheduler's thread
 
@@ -114,9 +120,9 @@ class Scheduler:
                     pass
         except BaseException as error:  # noqa: BLE001 (every request still held must hear of it)
             self.error = error
-            for submission in list(self.batch.ids) + list(self.waiting):
+            for submission in self._held():
                 submission.on_event(Event([], "error", error=f"the engine stopped: {error}"))
-            self.waiting = deque()
+            self.waiting, self.staging = deque(), deque()
             self._gauges()
 
     def _turn(self) -> bool:
@@ -124,7 +130,7 @@ class Scheduler:
             while not self._stopping and not self.waiting and self.running == 0:
                 self._wake.wait(0.5)
             if self._stopping:
-                for submission in list(self.batch.ids) + list(self.waiting):
+                for submission in self._held():
                     submission.on_event(Event([], "abort", error="the server is shutting down"))
                 return False
             joining: list[Submission] = []
@@ -133,17 +139,49 @@ class Scheduler:
                 if submission.cancelled:
                     submission.on_event(Event([], submission.cancelled))
                     continue
-                joining.append(submission)
+                staged = self.batch.reserve() if len(submission.prompt) - 1 > self.prefill_chunk else None
+                if staged is not None:  # a long prompt: read one piece per turn, the running rows go on between
+                    self.staging.append((submission, staged))
+                else:
+                    joining.append(submission)
         self._cancel()
         if joining:
             self._join(joining)
+        if self.staging:
+            self._feed()
         self._gauges()
         if len(self.batch):
             self._pass()
             self._gauges()
         return True
 
+    def _held(self) -> list[Submission]:
+        return list(self.batch.ids) + [s for s, _ in self.staging] + list(self.waiting)
+
+    def _feed(self) -> None:
+        """One piece of the oldest staged prompt; once all but its last token is read, it joins."""
+        submission, staged = self.staging[0]
+        body = submission.prompt[:-1]
+        self.batch.feed(staged, body[staged.fed : staged.fed + self.prefill_chunk])
+        if self.metrics is not None:
+            self.metrics.prefill_chunks.inc()
+        if staged.fed < len(body):
+            return
+        self.staging.popleft()
+        try:
+            self.batch.join_staged(staged, submission.prompt, submission.params, submission, submission.logprobs)
+        except ValueError as error:
+            self.batch.release(staged)
+            submission.on_event(Event([], "error", error=str(error)))
+            return
+        submission.joined_pass = self.passes
+
     def _cancel(self) -> None:
+        for submission, staged in list(self.staging):
+            if submission.cancelled:
+                self.staging.remove((submission, staged))
+                self.batch.release(staged)
+                self._finish(submission, Event([], submission.cancelled, stats=RequestStats(prompt_tokens=len(submission.prompt))))
         for reason in ("abort", "stop"):
             cancelled = [s for s in self.batch.ids if s.cancelled == reason]
             if cancelled:
@@ -160,6 +198,7 @@ class Scheduler:
 
     def _pass(self) -> None:
         chunk = self.batch.step()
+        self.passes += 1
         now = time.perf_counter()
         if self.metrics is not None:
             self.metrics.observe_pass(len(chunk), self.batch.last_k, list(self.batch.last_accepted.values()))
