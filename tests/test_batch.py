@@ -266,3 +266,13 @@ def test_a_staged_row_counts_against_the_capacity_and_can_be_given_up(target, ma
     batch.release(staged)
     batch.join([PROMPT], [GREEDY], ["b"])
     assert batch.ids == ["a", "b"]
+
+
+def test_a_transformers_target_takes_rows_midway(made):
+    from test_exactness import _gpt2_draft
+
+    hf_target = made.setdefault("gpt2", _gpt2_draft())  # any transformers causal LM (HFCache: keep_rows, add_rows; no reserved rows)
+    prompts = OTHER_PROMPTS + [PROMPT]
+    plain = generate_all(hf_target, prompts, GREEDY)
+    assert _joined_midway(hf_target, ModelDrafter(llama(1, 12)), prompts, [GREEDY] * len(prompts)) == plain
+    assert _joined_midway(hf_target, None, prompts, [GREEDY] * len(prompts)) == plain

@@ -415,3 +415,21 @@ def test_a_long_prompt_is_read_in_pieces_between_the_running_requests_passes(pai
         assert tokens == plain[0] and running[1] == plain[1]
     finally:
         scheduler.stop()
+
+
+def test_a_full_queue_answers_503_at_once_and_the_rest_complete(pair):
+    from verispec.server.run import build, start_in_thread
+
+    target, draft, tokenizer = pair
+    app, _ = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(3), max_batch=1, max_waiting=1,
+                   max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,))
+    running = start_in_thread(app)
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(lambda i: _post(running.url, {"prompt": PROMPTS[i], "max_tokens": 48, "temperature": 0}), range(8)))
+        busy = [a for a in answers if a.status_code == 503]
+        assert busy and all("busy" in a.json()["error"]["message"] for a in busy)
+        assert all(a.status_code in (200, 503) for a in answers) and any(a.status_code == 200 for a in answers)
+        assert httpx.get(running.url + "/health", timeout=30).status_code == 200
+    finally:
+        running.stop()
