@@ -196,3 +196,41 @@ def test_adaptive_without_batch_sizes_is_what_it_was():
     a = _feed(AdaptiveLength(k_max=8), alpha=0.7, t_draft=0.05, t_target=lambda n: 1.0 + 0.1 * n)
     b = _feed_batches(AdaptiveLength(k_max=8), [1], alpha=0.7, t_target=lambda n: 1.0 + 0.1 * n, t_draft=0.05, iterations=60)[1]
     assert a == b
+
+
+def _calibrated(t_target, t_draft_step, sizes=(1, 2, 4, 8, 16, 32), k_max: int = 8) -> AdaptiveLength:
+    """A policy seeded as profiler.calibrate seeds it: t_target at every B(k+1) and t_draft at
+    every (B, k), acceptance untouched. t_draft_step(B): one draft step over B rows."""
+    policy = AdaptiveLength(k_max=k_max)
+    policy.seed_costs({b * (k + 1): t_target(b * (k + 1)) for b in sizes for k in range(k_max + 1)},
+                      {(b, k): k * t_draft_step(b) for b in sizes for k in range(1, k_max + 1)})
+    return policy
+
+
+def test_a_calibrated_policy_chooses_right_at_every_batch_size_from_the_first_pass():
+    """Memory-bound up to 16 positions, then compute-bound; a draft step over B rows costs 0.06
+    up to 8 rows, then grows. Calibrated, the first choice at one row is the closed form's k
+    at these costs (prior acceptance 0.7) and at 32 rows it is plain with no probe ever
+    (no k pays there even if every proposal were accepted); uncalibrated, the first choice is 0."""
+    t_target = lambda n: max(1.0, n / 16)  # noqa: E731
+    t_step = lambda b: 0.06 * max(1.0, b / 8)  # noqa: E731
+    policy = _calibrated(t_target, t_step)
+    expected = max(range(9), key=lambda k: (1 - 0.7 ** (k + 1)) / 0.3 / (t_target(k + 1) + k * 0.06))
+    assert policy.choose(batch=1) == expected >= 3
+    assert AdaptiveLength(k_max=8).choose(batch=1) == 0
+    chosen = []
+    for _ in range(40):  # 32 rows at acceptance 0.9: still plain, never a probe
+        k = policy.choose(batch=32)
+        chosen.append(k)
+        policy.observe(k, [0.9 * 32] * k, [32] * k, k * t_step(32), t_target(32 * (k + 1)), batch=32)
+    assert chosen == [0] * 40, chosen
+
+
+def test_draft_seconds_are_measured_fitted_over_k_or_interpolated_over_batch_sizes():
+    policy = AdaptiveLength(k_max=4)
+    policy.seed_costs({}, {(size, k): 0.02 + step * k for size, step in ((2, 0.1), (8, 0.3)) for k in (1, 2, 3)})
+    assert policy.draft_seconds(2, 2) == pytest.approx(0.22)  # measured
+    assert policy.draft_seconds(2, 4) == pytest.approx(0.42)  # the line over k at 2 rows
+    assert policy.draft_seconds(4, 3) == pytest.approx(0.32 + (0.92 - 0.32) * 2 / 6)  # between 2 and 8 rows
+    assert policy.draft_seconds(16, 1) == pytest.approx(0.32 * 2)  # beyond: proportional to the rows
+    assert AdaptiveLength().draft_seconds(1, 1) is None

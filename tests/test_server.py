@@ -433,3 +433,28 @@ def test_a_full_queue_answers_503_at_once_and_the_rest_complete(pair):
         assert httpx.get(running.url + "/health", timeout=30).status_code == 200
     finally:
         running.stop()
+
+
+def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(pair):
+    """`--k auto`: the scheduler times passes at every batch size and k before it takes a
+    request (profiler.calibrate), leaves its batch empty, and then serves plain decoding's tokens."""
+    from verispec.control import AdaptiveLength
+    from verispec.server.run import build, start_in_thread
+
+    target, draft, tokenizer = pair
+    policy = AdaptiveLength(k_max=4)
+    app, scheduler = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=policy, max_batch=4,
+                           max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,))
+    assert not policy._target and not policy._draft
+    handle = start_in_thread(app)
+    try:
+        assert scheduler.calibration_s is not None and len(scheduler.batch) == 0
+        assert set(policy._target) >= {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
+        assert set(policy._draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
+        assert all(mean.count == 1 for mean in policy._draft.values())  # one median each
+        assert all(a == 0.7 for a in policy.alphas())  # acceptance untouched: the calibration's text is not the users'
+        got = _post(handle.url, {"model": "pair", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).json()
+        assert "choices" in got, got
+        assert got["choices"][0]["text"] == _plain(pair, PROMPTS[0], 24)
+    finally:
+        handle.stop()

@@ -6,12 +6,17 @@ iteration, the k in 0..k_max that maximises the predicted speed-up
 S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
   acceptance probability; lower variance than counting accepts);
-- c = t_draft per token / t_target(1) and r(n) = t_target(n) / t_target(1), from the
-  iteration times (the draft's time as a fixed cost per drafting pass plus a cost per token,
-  fitted over the draft lengths tried; the fixed part joins r(n)), where "target" time is everything in an iteration but the draft passes
-  (verification, sampling and bookkeeping included: that is what a pass really costs).
+- the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
+  positions of its pass (measured at that count, else interpolated between the counts
+  measured) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
+  token fitted over the lengths timed at B, else interpolated between batch sizes), both from
+  the iteration times, where "target" time is everything in an iteration but the draft passes
+  (verification, sampling and bookkeeping included: that is what a pass really costs). The
+  draft's time is folded into r(k+1) = t_iteration / t_target(B), with c = 0.
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
-iteration; without one it starts with one plain pass and one k = 4 pass to measure.
+iteration, and a calibration (profiler.calibrate: medians of real passes at every batch
+size and k, `seed_costs`, as the server runs before its first request) fills both tables; without
+either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
 verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 every
 `probe_every` iterations so that it notices when drafting pays again, unless the costs alone
@@ -107,7 +112,7 @@ class AdaptiveLength:
     prior_batch: int = 1  # the batch size prior_r was measured at
     _alpha: list[_Mean] = field(init=False, repr=False)
     _target: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
-    _draft: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by tokens proposed: batch * k
+    _draft: dict[tuple[int, int], _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -173,39 +178,45 @@ class AdaptiveLength:
         slope = (r[-1] - r[0]) / max(len(r) - 1, 1)
         return r[-1] + slope * (x - len(r))
 
-    def draft_cost(self) -> tuple[float, float] | None:
-        """(fixed seconds per drafting pass, seconds per proposed token, over all rows) from the
-        measured passes: a least-squares line through t_draft over the tokens proposed (batch * k)
-        when two or more counts were timed (a draft model whose weights the target's pass pushed
-        out of the cache pays more for its first token), else t_draft / tokens. None before any."""
-        points = [(k, mean.get(0.0)) for k, mean in sorted(self._draft.items())]
-        if not points:
+    def draft_seconds(self, batch: int, k: int) -> float | None:
+        """t_draft of a drafting pass proposing k tokens for each of `batch` rows: measured; else
+        from the lengths timed at this batch size (a least-squares line over k, a fixed cost per
+        drafting pass plus a cost per token, when two or more were timed: a draft model whose
+        weights the target's pass pushed out of the cache pays more for its first token; else
+        proportional to k); else linear in the batch size between the nearest sizes timed (and
+        proportional to it beyond them). None before any drafting pass was timed."""
+        if (batch, k) in self._draft:
+            return self._draft[(batch, k)].get(0.0)
+        sizes = sorted({b for b, _ in self._draft})
+        if not sizes:
             return None
-        per_token = sum(t for _, t in points) / sum(k for k, _ in points)
-        if len(points) == 1:
-            return 0.0, per_token
-        mean_k = sum(k for k, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        slope = sum((k - mean_k) * (t - mean_t) for k, t in points) / sum((k - mean_k) ** 2 for k, _ in points)
-        fixed = mean_t - slope * mean_k
-        return (fixed, slope) if slope > 0 and fixed >= 0 else (0.0, per_token)
+        if batch in sizes:
+            return _line([(j, mean.get(0.0)) for (b, j), mean in sorted(self._draft.items()) if b == batch], k)
+        below, above = [b for b in sizes if b < batch], [b for b in sizes if b > batch]
+        if below and above:
+            b0, b1 = below[-1], above[0]
+            t0, t1 = self.draft_seconds(b0, k), self.draft_seconds(b1, k)
+            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        b = below[-1] if below else above[0]
+        return self.draft_seconds(b, k) * batch / b
 
     def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
         """(alphas, c, r(1..k_max+1)) for the refined model at this batch size, or None before
         anything is known: r(n) = t_target(batch * n) / t_target(batch), so that r grows like n
         once a pass over the batch's positions is compute-bound and drafting stops paying.
-        A fixed draft cost per drafting pass is folded into r(n) for n >= 2 (in units of
-        t_target(batch)), so that c is the cost of one more proposed token per row."""
+        The drafting pass's time is folded into r(k + 1) (in units of t_target(batch)) and c is 0:
+        a draft's cost per row falls with the batch size, which a constant c cannot say."""
         t1 = self.target_seconds(batch)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
             r = [self._prior_ratio(batch * n) / self._prior_ratio(batch) for n in range(1, self.k_max + 2)]
             return self.alphas(), self.prior_c, r
-        cost = self.draft_cost()
-        if t1 is None or (cost is None and self.prior_c is None):
+        if t1 is None or (not self._draft and self.prior_c is None):
             return None
-        fixed, per_token = cost if cost is not None else (0.0, self.prior_c * t1 / batch)
-        r = [1.0] + [(self.target_seconds(batch * n) + fixed) / t1 for n in range(2, self.k_max + 2)]
-        return self.alphas(), per_token * batch / t1, r
+        r = [1.0]
+        for k in range(1, self.k_max + 1):
+            t_draft = self.draft_seconds(batch, k) if self._draft else self.prior_c * t1 * k
+            r.append((self.target_seconds(batch * (k + 1)) + t_draft) / t1)
+        return self.alphas(), 0.0, r
 
     def predicted_speedups(self, batch: int = 1) -> list[float]:
         """S(k) for k = 0..k_max at this batch size from the current estimates (S(0) = 1); [] before any."""
@@ -223,7 +234,8 @@ class AdaptiveLength:
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
         best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
-        if 0 < best < self.k_max and len(self._draft) == 1 and best * batch in self._draft:
+        timed = [j for b, j in self._draft if b == batch]
+        if 0 < best < self.k_max and timed == [best]:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
         probing = self._alpha[0].count < self.min_evidence or self._since_draft + 1 >= self.probe_every
         if best == 0 and probing:
@@ -240,7 +252,7 @@ class AdaptiveLength:
             self._since_draft += 1
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
-            self._draft.setdefault(batch * k, _Mean(self.decay)).add(draft_s)
+            self._draft.setdefault((batch, k), _Mean(self.decay)).add(draft_s)
         self._since_draft, self._drafted = 0, True
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0
@@ -248,3 +260,24 @@ class AdaptiveLength:
                 mean.add(beta_sums[i] / count, 1.0)
             else:  # not proposed (or not reached): the estimate drifts back to the one before it
                 mean.fade()
+
+    def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
+        """Times measured before any request (profiler.calibrate): t_target by the positions of a
+        pass, t_draft by (batch, k); each counts as one observation, acceptance is untouched."""
+        for n, seconds in target.items():
+            self._target.setdefault(n, _Mean(self.decay)).add(seconds)
+        for key, seconds in draft.items():
+            self._draft.setdefault(key, _Mean(self.decay)).add(seconds)
+
+
+def _line(points: list[tuple[int, float]], k: int) -> float:
+    """t(k) from (k, seconds) points: a least-squares line (fixed + slope * k) through two or
+    more when both parts come out non-negative, else proportional to k."""
+    per_token = sum(t for _, t in points) / sum(j for j, _ in points)
+    if len(points) < 2:
+        return per_token * k
+    mean_k = sum(j for j, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = sum((j - mean_k) * (t - mean_t) for j, t in points) / sum((j - mean_k) ** 2 for j, _ in points)
+    fixed = mean_t - slope * mean_k
+    return fixed + slope * k if slope > 0 and fixed >= 0 else per_token * k

@@ -6,12 +6,18 @@ step is one single-position forward, `process_logits` and a draw. Every n is mea
 round-robin order after a warm-up, repeated, and the median kept, so drift on a shared
 machine lands on every n alike. Results are cached per (model, dtype, batch, context
 bucket). Knows nothing of text; the refined model that consumes r and c is in theory.py.
+
+Also owns `calibrate`: real passes of a server's `engine.Batch` (drafter, caches, rule and
+bookkeeping included) at every batch size the server will see and every k in 0..k_max, timed
+into an `AdaptiveLength` before the first request, so that `--k auto` starts from measured
+t_target(B(k+1)) and t_draft(B, k) instead of exploring under load.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -126,3 +132,74 @@ def _draft_step(draft, cache, params: SamplingParams, generator):
         cache.rollback(lengths)
 
     return step
+
+
+class _Scripted:
+    """A draft-length policy that plays a script (`k`) and keeps each pass's (batch, k, draft_s, target_s)."""
+
+    def __init__(self, k_max: int):
+        self.k_max, self.k = k_max, 0
+        self.times: list[tuple[int, int, float, float]] = []
+
+    def choose(self, batch: int = 1) -> int:
+        return self.k
+
+    def observe(self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1) -> None:
+        self.times.append((batch, k, draft_s, target_s))
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes a calibration times: the powers of two below max_batch, and max_batch."""
+    return [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
+
+
+@torch.no_grad()
+def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 16) -> float:
+    """Time passes of `batch` (an empty engine.Batch) and seed `policy` with their medians
+    (`AdaptiveLength.seed_costs`); returns the seconds taken.
+
+    For each repeat and each size B in `sizes` (interleaved, so that drift lands on every size
+    alike): B rows of a synthetic greedy prompt join, then passes at k = 0, 1, 1, 2, ..., k_max
+    (the first drafting pass after a plain one is a model draft's catch-up: its draft time is
+    left out), and the rows are cancelled. Medians, not means: the first pass at a new shape
+    can cost ten times the others (llama.cpp sizes its buffers). t_target is keyed by the
+    positions of a pass, B(k+1); t_draft by (B, k). The batch is left empty, as it was."""
+    if len(batch):
+        raise ValueError("calibrate needs a batch with no rows")
+    k_max, vocab = policy.k_max, batch.target.vocab_size
+    prompt_length = max(1, min(prompt_length, max_model_len // 4))
+    budget = min(3 + k_max * (k_max + 3) // 2, max_model_len - prompt_length)  # what the script can commit at most
+    if budget < 1:
+        return 0.0
+    params = SamplingParams(temperature=0, max_new_tokens=budget)
+    scripted, saved = _Scripted(k_max), batch.policy
+    script = [0, 1, *range(1, k_max + 1)]
+    started = time.perf_counter()
+    batch.policy = scripted
+    try:
+        for _ in range(repeats):
+            for size in sizes:
+                ids = [("calibration", row) for row in range(size)]
+                prompts = [[(7919 * (i + 1) + 104729 * row) % vocab for i in range(prompt_length)] for row in range(size)]
+                batch.join(prompts, [params] * size, ids)
+                for step, k in enumerate(script):
+                    if not len(batch):
+                        break
+                    scripted.k = k
+                    batch.step()
+                    if step == 1:  # the catch-up: its draft time says nothing of the cost per token
+                        rows, k_run, _, target_s = scripted.times[-1]
+                        scripted.times[-1] = (rows, k_run, None, target_s)
+                if len(batch):
+                    batch.cancel(list(batch.ids), "abort")
+    finally:
+        batch.policy = saved
+    target: dict[int, list[float]] = {}
+    draft: dict[tuple[int, int], list[float]] = {}
+    for rows, k, draft_s, target_s in scripted.times:
+        target.setdefault(rows * (k + 1), []).append(target_s)
+        if k > 0 and draft_s is not None:
+            draft.setdefault((rows, k), []).append(draft_s)
+    policy.seed_costs({n: statistics.median(t) for n, t in target.items()},
+                      {key: statistics.median(t) for key, t in draft.items()})
+    return time.perf_counter() - started

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import SamplingParams
-from ..control import DraftLengthPolicy
+from ..control import AdaptiveLength, DraftLengthPolicy
 from ..engine import Batch, Staged
+from ..profiler import batch_sizes, calibrate
 from ..stats import RequestStats
 
 
@@ -57,7 +58,7 @@ class Scheduler:
     The batch's rows are the running submissions themselves (their ids in `engine.Batch`)."""
 
     def __init__(self, target, drafter, k: int | DraftLengthPolicy, max_batch: int, max_waiting: int, max_model_len: int, metrics=None,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, calibrate: bool = True):
         for name, value in (("max_batch", max_batch), ("max_waiting", max_waiting), ("max_model_len", max_model_len),
                             ("prefill_chunk", prefill_chunk)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -74,6 +75,8 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
+        self.calibrate = calibrate and isinstance(self.batch.policy, AdaptiveLength)
+        self.calibration_s: float | None = None  # seconds the calibration took, once done
 
     # ---- called from other threads
 
@@ -93,6 +96,11 @@ class Scheduler:
             self._wake.notify()
 
     def start(self) -> None:
+        """Calibrate `--k auto` (passes at every batch size and k, timed before any request:
+        profiler.calibrate), then start the loop's thread."""
+        if self.calibrate and self.calibration_s is None:
+            sizes = batch_sizes(self.max_batch)
+            self.calibration_s = calibrate(self.batch, self.batch.policy, sizes, self.max_model_len)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
