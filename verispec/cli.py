@@ -171,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
                      "running requests wait at most one piece (default 256)")
     srv.add_argument("--model-name", default=None, help="the model's name in the API (default: the target's directory or file name)")
     srv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    srv.add_argument("--replicas", type=_positive, default=None, help="run N engine replicas on Ray Serve behind this one endpoint "
+                     "(needs the ray extra; --threads is then per replica, default cores // N); default: one engine in this process")
+    srv.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster (e.g. auto, or HOST:6379) instead of "
+                     "starting a local one; the model paths must exist on every node")
     _add_confidence_argument(srv)
     _add_backend_arguments(srv)
 
@@ -934,17 +938,15 @@ def _toy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    try:
-        from .server.run import build, run
-    except ImportError as error:
-        return _fail(f"verispec serve needs the serve extra (pip install 'verispec[serve]'): {error}")
-    if not 0 <= args.port <= 65535:
-        return _fail(f"--port must be in [0, 65535], got {args.port}")
-    if args.draft == "none":
-        args.draft, no_draft = "none", True
-    else:
-        no_draft = False
+def load_serve_models(args: argparse.Namespace):
+    """The models of `verispec serve`, as the single-process server and every Ray replica load
+    them (`args` may be a dict of its options: a replica gets them so). Resolves --target (the
+    built-in pair) in `args`."""
+    from .server.chat import load_chat_template
+    from .server.run import ServedModels
+
+    args = argparse.Namespace(**args) if isinstance(args, dict) else args
+    no_draft = args.draft == "none"
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
@@ -952,15 +954,72 @@ def _serve(args: argparse.Namespace) -> int:
     eos = target.config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
     k = AdaptiveLength(k_max=args.k_max) if args.k == "auto" else FixedLength(args.k)
-    name = args.model_name or Path(args.target).name
-    from .server.chat import load_chat_template
+    return ServedModels(target, tokenizer, drafter, k, eos, args.model_name or Path(args.target).name, load_chat_template(args.target))
 
-    app, scheduler = build(target, drafter, tokenizer, model_name=name, k=k, max_batch=args.max_batch,
-                           max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=eos,
-                           chat_template=load_chat_template(args.target), prefill_chunk=args.prefill_chunk)
-    print(f"verispec serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
+
+def load_serve_tokenizer(options: dict):
+    """The target's text tokenizer alone (the Ray ingress's): a directory's tokenizer.json, read
+    without its weights; a GGUF file's own vocabulary (the file is mapped, not copied)."""
+    args = argparse.Namespace(**options)
+    if is_gguf(args.target):
+        return _target(args, parse_dtype(args.dtype))[1]
+    return load_tokenizer(args.target)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from .server.run import build, run
+    except ImportError as error:
+        return _fail(f"verispec serve needs the serve extra (pip install 'verispec[serve]'): {error}")
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port must be in [0, 65535], got {args.port}")
+    if args.ray_address is not None and args.replicas is None:
+        return _fail("--ray-address needs --replicas N (the engines run on Ray only then)")
+    if args.replicas is not None:
+        return _serve_replicas(args)
+    models = load_serve_models(args)
+    app, scheduler = build(models.target, models.drafter, models.tokenizer, model_name=models.name, k=models.k, max_batch=args.max_batch,
+                           max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=models.eos,
+                           chat_template=models.chat_template, prefill_chunk=args.prefill_chunk)
+    print(f"verispec serve: {models.name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
     run(app, args.host, args.port)
+    return 0
+
+
+def _serve_replicas(args: argparse.Namespace) -> int:
+    """`serve --replicas N`: the flags and models are checked here (loaded once, then dropped),
+    then N replicas load them again on Ray Serve (server/replicas.py) until SIGINT or SIGTERM."""
+    from functools import partial
+
+    try:
+        from ray import serve  # noqa: F401
+
+        from .server.replicas import Frontend, Plan, serve_until_signal
+    except ImportError as error:
+        return _fail(f"verispec serve --replicas needs Ray Serve (pip install 'verispec[ray]'): {error}")
+    from .server.run import model_len
+
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) // args.replicas)
+    models = load_serve_models(args)
+    frontend = Frontend(models.name, models.target.vocab_size, model_len(models.target, args.max_model_len), models.eos,
+                        models.chat_template)
+    del models
+    options = vars(args).copy()
+    plan = Plan(partial(load_serve_models, options), partial(load_serve_tokenizer, options), frontend, replicas=args.replicas,
+                threads=args.threads, max_batch=args.max_batch, max_waiting=args.max_waiting, prefill_chunk=args.prefill_chunk)
+
+    def ready(url: str, ray_address: str) -> None:
+        print(f"verispec serve: {frontend.model_name} on {url}/v1 ({args.replicas} replicas x {args.max_batch} rows, "
+              f"{args.threads} threads each, k={args.k}, context {frontend.max_model_len}; Ray at {ray_address}); Ctrl-C stops",
+              file=sys.stderr, flush=True)
+
+    try:
+        serve_until_signal(plan, args.host, args.port, args.ray_address, ready)
+    except (RuntimeError, ConnectionError) as error:  # Ray could not start or join, or a replica could not be built
+        first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        return _fail(f"the replicas did not start: {first.strip()} (Ray's logs: /tmp/ray/session_latest/logs)")
     return 0
 
 

@@ -8,12 +8,16 @@ chat.py; a clear 400 when it has none),
 the decoded text, which is cut there, and the row is cancelled at once. A client that goes
 away cancels its requests: their rows are free by the next pass. Every refusal is a 4xx (or
 503 when the queue is full) with OpenAI's error body; nothing a client sends reaches the
-engine unchecked.
+engine unchecked. A 503 (busy, or a request that could not be completed) is retryable: its
+body's `code` is 503, and a stream that fails sends such a body as its last event. The
+scheduler may be a local `Scheduler` or anything with its `submit`, `cancel` and `error`
+(replicas.py's, over Ray Serve replicas, whose events also name the replica).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 import uuid
@@ -53,6 +57,7 @@ class _Choice:
     finish_reason: str | None = None
     error: str | None = None
     stats: object = None
+    replica: str | None = None  # the Ray Serve replica that decoded it (replicas.py), when there is one
 
     @property
     def done(self) -> bool:
@@ -61,9 +66,10 @@ class _Choice:
 
 def _stats(choice: _Choice) -> dict:
     s = choice.stats
+    where = {} if choice.replica is None else {"replica": choice.replica}
     if s is None:
-        return {"index": choice.index}
-    return {"index": choice.index, "generated_tokens": len(choice.tokens) if choice.kept is None else choice.kept, "target_passes": s.target_passes, "proposed": s.proposed, "accepted": s.accepted,
+        return {"index": choice.index, **where}
+    return {"index": choice.index, **where, "generated_tokens": len(choice.tokens) if choice.kept is None else choice.kept, "target_passes": s.target_passes, "proposed": s.proposed, "accepted": s.accepted,
             "alpha_hat": s.accepted / s.proposed if s.proposed else None,
             "tokens_per_pass": s.generated_tokens / s.target_passes if s.target_passes else None}
 
@@ -80,6 +86,8 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         return tokenizer.encode(text).ids
 
     def refuse(message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error") -> JSONResponse:
+        if status == 503:  # retryable: the code says so, and when
+            return JSONResponse(error_body(message, param, kind, 503), status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(error_body(message, param, kind), status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -117,6 +125,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         if event.logprobs is not None:
             choice.logprobs.extend(event.logprobs)
         choice.stats = event.stats or choice.stats
+        choice.replica = getattr(event, "replica", None) or choice.replica
         text = decode(choice.tokens)
         at = find_stop(text, stop) if stop else None
         if at is not None:  # the fewest tokens whose text holds the stop string are the ones counted
@@ -253,7 +262,8 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                 choice = choices[index]
                 apply(choice, event, request.stop)
                 if choice.finish_reason in ("error", "abort"):
-                    yield f"data: {json.dumps(error_body(f'the request could not be completed: {choice.error or choice.finish_reason}', None, 'server_error'))}\n\n"
+                    message = f"the request could not be completed: {choice.error or choice.finish_reason}"
+                    yield f"data: {json.dumps(error_body(message, None, 'server_error', 503))}\n\n"
                     cancel_all(choices)
                     return
                 end = safe_prefix(choice.text, request.stop, choice.done)
@@ -289,6 +299,9 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
     async def prometheus():
         if metrics is None:
             return Response(b"", media_type=CONTENT_TYPE)
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        body = metrics.render()
+        if inspect.isawaitable(body):  # replicas.py's merge of every replica's metrics
+            body = await body
+        return Response(body, media_type=CONTENT_TYPE)
 
     return app

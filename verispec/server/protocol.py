@@ -31,7 +31,7 @@ class BadRequest(Exception):
         self.message, self.param, self.status, self.kind = message, param, status, kind
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None) -> dict:
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | int | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

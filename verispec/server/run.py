@@ -1,26 +1,49 @@
 """Putting the server together and running it: `build` (scheduler, metrics, app over loaded
 models) and `run` (uvicorn on host:port until SIGINT or SIGTERM, then the scheduler stops:
-the requests it held end with an error event, the thread is joined).
+the requests it held end with an error event, the thread is joined). `ServedModels` is what
+the command line loads for a server, in this process or in each Ray replica (replicas.py);
+`model_len` is the context rule both use.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from .app import create_app
 from .metrics import Metrics
 from .scheduler import Scheduler
 
 
-def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8, max_waiting: int = 64,
-          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None,
-          prefill_chunk: int = 256):
-    """(app, scheduler) over loaded models; the scheduler's thread starts with the app (lifespan)."""
+@dataclass
+class ServedModels:
+    """A server's models and what the API says of them (the command line's `load_serve_models`)."""
+
+    target: object
+    tokenizer: object
+    drafter: object | None
+    k: object  # an int or a DraftLengthPolicy
+    eos: tuple[int, ...]
+    name: str
+    chat_template: tuple[str, dict] | None
+
+
+def model_len(target, max_model_len: int | None) -> int:
+    """Prompt + max_tokens per request at most: the given value (checked against the target's
+    context), or the context itself (2048 when the model does not say)."""
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     if max_model_len is None:
         max_model_len = context if isinstance(context, int) else 2048
     if isinstance(context, int) and max_model_len > context:
         raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's context of {context} positions")
+    return max_model_len
+
+
+def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8, max_waiting: int = 64,
+          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None,
+          prefill_chunk: int = 256):
+    """(app, scheduler) over loaded models; the scheduler's thread starts with the app (lifespan)."""
+    max_model_len = model_len(target, max_model_len)
     metrics = Metrics(model_name)
     scheduler = Scheduler(target, drafter, k, max_batch, max_waiting, max_model_len, metrics, prefill_chunk)
     app = create_app(scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics, chat_template=chat_template)
