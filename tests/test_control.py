@@ -234,3 +234,17 @@ def test_draft_seconds_are_measured_fitted_over_k_or_interpolated_over_batch_siz
     assert policy.draft_seconds(4, 3) == pytest.approx(0.32 + (0.92 - 0.32) * 2 / 6)  # between 2 and 8 rows
     assert policy.draft_seconds(16, 1) == pytest.approx(0.32 * 2)  # beyond: proportional to the rows
     assert AdaptiveLength().draft_seconds(1, 1) is None
+
+
+def test_one_stalled_pass_does_not_flip_the_choice():
+    """Times are medians of the last passes with their key: a pass stretched twentyfold (the
+    core taken by another thread) leaves the choice where it was; a lasting change moves it."""
+    policy = _calibrated(lambda n: 1.0, lambda b: 0.05)
+    chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0, iterations=30)
+    k = chosen[-1]
+    assert k == optimal_k(0.8, 0.05, 8)
+    policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 20.0)  # one stalled pass at this k
+    assert policy.choose() == k
+    for _ in range(9):  # the same pass, slow every time now: drafting this long stops paying
+        policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 20.0)
+    assert policy.choose() != k

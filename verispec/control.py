@@ -9,8 +9,9 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
   measured) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
-  token fitted over the lengths timed at B, else interpolated between batch sizes), both from
-  the iteration times, where "target" time is everything in an iteration but the draft passes
+  token fitted over the lengths timed at B, else interpolated between batch sizes), both the
+  median of the last `recent` iterations with that key (a mean let one stalled pass on a busy
+  2-core machine flip the choice), where "target" time is everything in an iteration but the draft passes
   (verification, sampling and bookkeeping included: that is what a pass really costs). The
   draft's time is folded into r(k+1) = t_iteration / t_target(B), with c = 0.
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
@@ -33,6 +34,8 @@ Knows nothing of models or tokens.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -98,10 +101,26 @@ class _Mean:
         return (self.total + default * prior) / (self.weight + prior)
 
 
+class _Recent:
+    """The median of the last `size` values: a pass that a busy machine stretched tenfold (another
+    thread on the core, an allocation) moves it by one place instead of pulling a mean along."""
+
+    def __init__(self, size: int):
+        self.values: deque[float] = deque(maxlen=size)
+        self.count = 0  # observations ever
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self.count += 1
+
+    def get(self, default: float = 0.0) -> float:
+        return statistics.median(self.values) if self.values else default
+
+
 @dataclass
 class AdaptiveLength:
     k_max: int = 8
-    decay: float = 0.95  # per observation; about the last 20 iterations count
+    decay: float = 0.95  # per observation of acceptance; about the last 20 iterations count
     probe_every: int = 16
     prior_alpha: float = 0.7  # for positions not verified yet
     prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
@@ -111,8 +130,9 @@ class AdaptiveLength:
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     prior_batch: int = 1  # the batch size prior_r was measured at
     _alpha: list[_Mean] = field(init=False, repr=False)
-    _target: dict[int, _Mean] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
-    _draft: dict[tuple[int, int], _Mean] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
+    recent: int = 9  # a time is the median of the last this many passes with its key
+    _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
+    _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -121,6 +141,8 @@ class AdaptiveLength:
             raise ValueError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if not isinstance(self.recent, int) or self.recent < 1:
+            raise ValueError(f"recent must be an integer >= 1, got {self.recent!r}")
         if not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
         if self.prior_c is not None and not (isinstance(self.prior_c, (int, float)) and self.prior_c >= 0):
@@ -247,12 +269,12 @@ class AdaptiveLength:
         return best
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
-        self._target.setdefault(batch * (k + 1), _Mean(self.decay)).add(target_s)
+        self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
         if k == 0:
             self._since_draft += 1
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
-            self._draft.setdefault((batch, k), _Mean(self.decay)).add(draft_s)
+            self._draft.setdefault((batch, k), _Recent(self.recent)).add(draft_s)
         self._since_draft, self._drafted = 0, True
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0
@@ -265,9 +287,9 @@ class AdaptiveLength:
         """Times measured before any request (profiler.calibrate): t_target by the positions of a
         pass, t_draft by (batch, k); each counts as one observation, acceptance is untouched."""
         for n, seconds in target.items():
-            self._target.setdefault(n, _Mean(self.decay)).add(seconds)
+            self._target.setdefault(n, _Recent(self.recent)).add(seconds)
         for key, seconds in draft.items():
-            self._draft.setdefault(key, _Mean(self.decay)).add(seconds)
+            self._draft.setdefault(key, _Recent(self.recent)).add(seconds)
 
 
 def _line(points: list[tuple[int, float]], k: int) -> float:
