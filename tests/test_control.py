@@ -14,7 +14,7 @@ import pytest
 from stats_helpers import assert_distributed_as
 from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
 from verispec.config import SamplingParams
-from verispec.control import AdaptiveLength, FixedLength
+from verispec.control import AdaptiveLength, FixedLength, _draft_time
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
@@ -227,13 +227,12 @@ def test_a_calibrated_policy_chooses_right_at_every_batch_size_from_the_first_pa
 
 
 def test_draft_seconds_are_measured_fitted_over_k_or_interpolated_over_batch_sizes():
-    policy = AdaptiveLength(k_max=4)
-    policy.seed_costs({}, {(size, k): 0.02 + step * k for size, step in ((2, 0.1), (8, 0.3)) for k in (1, 2, 3)})
-    assert policy.draft_seconds(2, 2) == pytest.approx(0.22)  # measured
-    assert policy.draft_seconds(2, 4) == pytest.approx(0.42)  # the line over k at 2 rows
-    assert policy.draft_seconds(4, 3) == pytest.approx(0.32 + (0.92 - 0.32) * 2 / 6)  # between 2 and 8 rows
-    assert policy.draft_seconds(16, 1) == pytest.approx(0.32 * 2)  # beyond: proportional to the rows
-    assert AdaptiveLength().draft_seconds(1, 1) is None
+    table = {(size, k): 0.02 + step * k for size, step in ((2, 0.1), (8, 0.3)) for k in (1, 2, 3)}
+    assert _draft_time(table, 2, 2) == pytest.approx(0.22)  # measured
+    assert _draft_time(table, 2, 4) == pytest.approx(0.42)  # the line over k at 2 rows
+    assert _draft_time(table, 4, 3) == pytest.approx(0.32 + (0.92 - 0.32) * 2 / 6)  # between 2 and 8 rows
+    assert _draft_time(table, 16, 1) == pytest.approx(0.32 * 2)  # beyond: proportional to the rows
+    assert _draft_time({}, 1, 1) is None and AdaptiveLength().draft_seconds(1, 1) is None
 
 
 def test_one_stalled_pass_does_not_flip_the_choice():
@@ -245,6 +244,29 @@ def test_one_stalled_pass_does_not_flip_the_choice():
     assert k == optimal_k(0.8, 0.05, 8)
     policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 20.0)  # one stalled pass at this k
     assert policy.choose() == k
-    for _ in range(9):  # the same pass, slow every time now: drafting this long stops paying
+    for _ in range(20):  # the same pass, slow every time now: drafting this long stops paying
         policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 20.0)
     assert policy.choose() != k
+
+
+def test_calibrated_costs_are_scaled_by_what_passes_take_in_service():
+    """The calibration says drafting one or two tokens pays at 16 rows; in service
+    a drafting pass takes 1.7 times the calibration's time and a plain one 1.1 times (the
+    server's threads share the cores): the policy goes plain within a few dozen passes and
+    stays there but for probes. Served at the calibration's own times, it keeps drafting."""
+    t_target = lambda n: max(1.0, n / 24)  # noqa: E731
+    t_step = lambda b: 0.05  # noqa: E731
+
+    def serve(slower: float, plain_slower: float) -> list[int]:
+        policy = _calibrated(t_target, t_step)
+        chosen = []
+        for _ in range(120):
+            k = policy.choose(batch=16)
+            chosen.append(k)
+            scale = plain_slower if k == 0 else slower
+            policy.observe(k, [0.75 * 16] * k, [16] * k, scale * k * t_step(16), scale * t_target(16 * (k + 1)), batch=16)
+        return chosen
+
+    assert serve(1.0, 1.0)[-40:].count(0) == 0
+    stretched = serve(1.7, 1.1)[-40:]
+    assert stretched.count(0) >= 36 and set(stretched) <= {0, 1}, stretched

@@ -445,16 +445,43 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
     policy = AdaptiveLength(k_max=4)
     app, scheduler = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=policy, max_batch=4,
                            max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,))
-    assert not policy._target and not policy._draft
+    assert not policy._seeded_target and not policy._seeded_draft
     handle = start_in_thread(app)
     try:
         assert scheduler.calibration_s is not None and len(scheduler.batch) == 0
-        assert set(policy._target) >= {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
-        assert set(policy._draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
-        assert all(mean.count == 1 for mean in policy._draft.values())  # one median each
+        assert set(policy._seeded_target) == {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
+        assert set(policy._seeded_draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
+        assert not policy._target and not policy._stretch  # no request yet: nothing timed in service
         assert all(a == 0.7 for a in policy.alphas())  # acceptance untouched: the calibration's text is not the users'
         got = _post(handle.url, {"model": "pair", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).json()
         assert "choices" in got, got
         assert got["choices"][0]["text"] == _plain(pair, PROMPTS[0], 24)
     finally:
         handle.stop()
+
+
+def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same_rounds(tmp_path):
+    """`verispec bench-serve` end to end on the toy pair: servers for plain, k = 2 and auto in
+    this process, two levels, two rounds; every level and mode has its medians, no errors, the
+    ratios to plain and to the best other mode, and the CSV and the plot are written."""
+    from verispec.cli import main
+    from verispec.models.toy import make_toy_pair
+
+    target, draft = make_toy_pair(tmp_path / "pair")
+    out = {name: tmp_path / f"serve.{name}" for name in ("json", "csv", "png")}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:3]))
+    code = main(["bench-serve", "--target", str(target), "--draft", str(draft), "--backend", "torch", "--modes", "plain,2,auto",
+                 "--concurrency", "1,3", "--requests", "3", "--max-tokens", "6", "--repeats", "2", "--max-batch", "4", "--k-max", "3",
+                 "--prompts", str(prompts), "--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"])])
+    assert code == 0
+    report = json.loads(out["json"].read_text())
+    assert len(report["levels"]) == 2 * 3 * 2 and all(level["errors"] == 0 for level in report["levels"])
+    medians = {(row["mode"], row["concurrency"]): row for row in report["medians"]}
+    assert set(medians) == {(mode, c) for mode in ("plain", "k=2", "k=auto") for c in (1, 3)}
+    for (mode, c), row in medians.items():
+        assert row["repeats"] == 2 and row["throughput_tok_s"] > 0 and "throughput_vs_best_other" in row
+        assert ("throughput_vs_plain" in row) == (mode != "plain")
+    header = out["csv"].read_text().splitlines()[0].split(",")
+    assert {"mode", "concurrency", "throughput_tok_s", "throughput_vs_plain", "throughput_vs_best_other", "itl_p99_s"} <= set(header)
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

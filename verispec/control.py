@@ -133,6 +133,9 @@ class AdaptiveLength:
     recent: int = 9  # a time is the median of the last this many passes with its key
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
+    _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
+    _seeded_draft: dict[tuple[int, int], float] = field(init=False, repr=False)  # its t_draft, by (batch, k)
+    _stretch: dict[int, _Recent] = field(init=False, repr=False)  # by k: a pass's seconds / the calibration's, at any batch size
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -154,8 +157,8 @@ class AdaptiveLength:
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
         self._alpha = [_Mean(self.decay, self.prior_weight) for _ in range(self.k_max)]
-        self._target = {}
-        self._draft = {}
+        self._target, self._draft = {}, {}
+        self._seeded_target, self._seeded_draft, self._stretch = {}, {}, {}
 
     # ---- estimates
 
@@ -170,22 +173,7 @@ class AdaptiveLength:
     def target_seconds(self, n: int) -> float | None:
         """t_target of a pass over n positions in all (batch * (k + 1)): measured, else linear in
         n through the two nearest measured points."""
-        if n in self._target:
-            return self._target[n].get(0.0)
-        known = sorted((m, mean.get(0.0)) for m, mean in self._target.items())
-        if not known:
-            return None
-        if len(known) == 1:
-            (m, t), = known
-            return t * self._prior_ratio(n) / self._prior_ratio(m)  # the profile's shape (or a mild slope)
-        below = [point for point in known if point[0] < n]
-        above = [point for point in known if point[0] > n]
-        if below and above:
-            (m0, t0), (m1, t1) = below[-1], above[0]
-        else:
-            (m0, t0), (m1, t1) = known[:2] if not below else known[-2:]
-        slope = max((t1 - t0) / (m1 - m0), 0.0)
-        return max(t0 + slope * (n - m0), 1e-9)
+        return _positions_time({m: mean.get() for m, mean in self._target.items()}, n, self._prior_ratio)
 
     def _prior_ratio(self, n: float) -> float:
         """The shape of t_target over n positions in all: the profile's r at n / prior_batch
@@ -201,26 +189,25 @@ class AdaptiveLength:
         return r[-1] + slope * (x - len(r))
 
     def draft_seconds(self, batch: int, k: int) -> float | None:
-        """t_draft of a drafting pass proposing k tokens for each of `batch` rows: measured; else
-        from the lengths timed at this batch size (a least-squares line over k, a fixed cost per
-        drafting pass plus a cost per token, when two or more were timed: a draft model whose
-        weights the target's pass pushed out of the cache pays more for its first token; else
-        proportional to k); else linear in the batch size between the nearest sizes timed (and
-        proportional to it beyond them). None before any drafting pass was timed."""
-        if (batch, k) in self._draft:
-            return self._draft[(batch, k)].get(0.0)
-        sizes = sorted({b for b, _ in self._draft})
-        if not sizes:
-            return None
-        if batch in sizes:
-            return _line([(j, mean.get(0.0)) for (b, j), mean in sorted(self._draft.items()) if b == batch], k)
-        below, above = [b for b in sizes if b < batch], [b for b in sizes if b > batch]
-        if below and above:
-            b0, b1 = below[-1], above[0]
-            t0, t1 = self.draft_seconds(b0, k), self.draft_seconds(b1, k)
-            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-        b = below[-1] if below else above[0]
-        return self.draft_seconds(b, k) * batch / b
+        """t_draft of a drafting pass proposing k tokens for each of `batch` rows (`_draft_time`)."""
+        return _draft_time({key: mean.get() for key, mean in self._draft.items()}, batch, k)
+
+    def calibrated_seconds(self, batch: int, k: int) -> float:
+        """An iteration's seconds at this batch size and k by the calibration alone (seed_costs)."""
+        t = _positions_time(self._seeded_target, batch * (k + 1), self._prior_ratio)
+        return t + _draft_time(self._seeded_draft, batch, k) if k else t
+
+    def stretch(self, k: int) -> float:
+        """How much longer passes at draft length k take in service than the calibration said:
+        the median of the last 3 * recent ratios at any batch size (a calibration runs alone; a
+        server's passes share the cores with its HTTP threads, and that costs drafting passes
+        more). A k not run since borrows the nearest drafting k's (plain: 1)."""
+        if k in self._stretch:
+            return self._stretch[k].get()
+        drafting = [j for j in self._stretch if j > 0]
+        if k == 0 or not drafting:
+            return 1.0
+        return self._stretch[min(drafting, key=lambda j: (abs(j - k), -j))].get()
 
     def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
         """(alphas, c, r(1..k_max+1)) for the refined model at this batch size, or None before
@@ -228,6 +215,9 @@ class AdaptiveLength:
         once a pass over the batch's positions is compute-bound and drafting stops paying.
         The drafting pass's time is folded into r(k + 1) (in units of t_target(batch)) and c is 0:
         a draft's cost per row falls with the batch size, which a constant c cannot say."""
+        if self._seeded_target:  # calibrated: its shape over batch sizes and k, scaled by what passes take in service
+            t = [self.calibrated_seconds(batch, k) * self.stretch(k) for k in range(self.k_max + 1)]
+            return self.alphas(), 0.0, [x / t[0] for x in t]
         t1 = self.target_seconds(batch)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
             r = [self._prior_ratio(batch * n) / self._prior_ratio(batch) for n in range(1, self.k_max + 2)]
@@ -257,7 +247,7 @@ class AdaptiveLength:
         alphas, c, r = inputs
         best, _ = refined_optimal_k(alphas, c, r, k_max=self.k_max)  # ties go to the smaller k
         timed = [j for b, j in self._draft if b == batch]
-        if 0 < best < self.k_max and timed == [best]:
+        if 0 < best < self.k_max and timed == [best] and not self._seeded_target:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
         probing = self._alpha[0].count < self.min_evidence or self._since_draft + 1 >= self.probe_every
         if best == 0 and probing:
@@ -269,6 +259,10 @@ class AdaptiveLength:
         return best
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
+        catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
+        if self._seeded_target and not catch_up:
+            ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
+            self._stretch.setdefault(k, _Recent(3 * self.recent)).add(ratio)
         self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
         if k == 0:
             self._since_draft += 1
@@ -286,10 +280,52 @@ class AdaptiveLength:
     def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
         """Times measured before any request (profiler.calibrate): t_target by the positions of a
         pass, t_draft by (batch, k); each counts as one observation, acceptance is untouched."""
-        for n, seconds in target.items():
-            self._target.setdefault(n, _Recent(self.recent)).add(seconds)
-        for key, seconds in draft.items():
-            self._draft.setdefault(key, _Recent(self.recent)).add(seconds)
+        self._seeded_target.update(target)
+        self._seeded_draft.update(draft)
+
+
+def _positions_time(table: dict[int, float], n: int, prior_ratio) -> float | None:
+    """t over n positions from {positions: seconds}: the value at n, else linear through the two
+    nearest points (flat or rising), else one point scaled by prior_ratio's shape; None if empty."""
+    if n in table:
+        return table[n]
+    known = sorted(table.items())
+    if not known:
+        return None
+    if len(known) == 1:
+        (m, t), = known
+        return t * prior_ratio(n) / prior_ratio(m)
+    below = [point for point in known if point[0] < n]
+    above = [point for point in known if point[0] > n]
+    if below and above:
+        (m0, t0), (m1, t1) = below[-1], above[0]
+    else:
+        (m0, t0), (m1, t1) = known[:2] if not below else known[-2:]
+    slope = max((t1 - t0) / (m1 - m0), 0.0)
+    return max(t0 + slope * (n - m0), 1e-9)
+
+
+def _draft_time(table: dict[tuple[int, int], float], batch: int, k: int) -> float | None:
+    """t_draft of a drafting pass proposing k tokens for each of `batch` rows from {(batch, k):
+    seconds}: the value there; else from the lengths timed at this batch size (a least-squares
+    line over k, a fixed cost per drafting pass plus a cost per token, when two or more were
+    timed: a draft model whose weights the target's pass pushed out of the cache pays more for
+    its first token; else proportional to k); else linear in the batch size between the nearest
+    sizes timed (and proportional to it beyond them). None if empty."""
+    if (batch, k) in table:
+        return table[(batch, k)]
+    sizes = sorted({b for b, _ in table})
+    if not sizes:
+        return None
+    if batch in sizes:
+        return _line([(j, t) for (b, j), t in sorted(table.items()) if b == batch], k)
+    below, above = [b for b in sizes if b < batch], [b for b in sizes if b > batch]
+    if below and above:
+        b0, b1 = below[-1], above[0]
+        t0, t1 = _draft_time(table, b0, k), _draft_time(table, b1, k)
+        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+    b = below[-1] if below else above[0]
+    return _draft_time(table, b, k) * batch / b
 
 
 def _line(points: list[tuple[int, float]], k: int) -> float:

@@ -154,7 +154,7 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 
 @torch.no_grad()
-def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 16) -> float:
+def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 64) -> float:
     """Time passes of `batch` (an empty engine.Batch) and seed `policy` with their medians
     (`AdaptiveLength.seed_costs`); returns the seconds taken.
 
