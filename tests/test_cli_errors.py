@@ -104,6 +104,12 @@ CASES = [
     (["train", "target", "--preset", "huge"], "--preset", None),
     (["train", "draft"], "--teacher", None),
     (["frobnicate"], "invalid choice", None),
+    # bench-serve: checked before any server starts
+    (["bench-serve", *T, "--concurrency", "0,2"], "--concurrency", None),
+    (["bench-serve", *T, "--concurrency", "1,x"], "--concurrency", None),
+    (["bench-serve", "--url", "http://192.0.2.1:8000"], "--url must be a server on this machine", None),
+    (["bench-serve", *T, "--modes", "plain,fast"], "--modes", None),
+    (["bench-serve", *T, "--json", "/nonexistent/dir/s.json"], "--json", None),
 ]
 
 

@@ -15,9 +15,13 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup):
   (verification, sampling and bookkeeping included: that is what a pass really costs). The
   draft's time is folded into r(k+1) = t_iteration / t_target(B), with c = 0.
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
-iteration, and a calibration (profiler.calibrate: medians of real passes at every batch
-size and k, `seed_costs`, as the server runs before its first request) fills both tables; without
-either it starts with one plain pass and one k = 4 pass to measure.
+iteration. A calibration (profiler.calibrate: medians of real passes at every batch size and
+k, `seed_costs`, as the server runs before its first request) replaces both tables: its
+iteration times give the shape over batch sizes and k, and each k's are multiplied by its
+`stretch`, the median ratio of that k's passes in service to the calibration's (pooled over
+batch sizes, so that a batch size seldom seen still learns from the others; a server's passes
+share the cores with its HTTP threads and run at longer contexts than the calibration's).
+Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
 verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 every
 `probe_every` iterations so that it notices when drafting pays again, unless the costs alone

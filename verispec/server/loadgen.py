@@ -94,10 +94,12 @@ def run_level(url: str, mode: str, prompts: list[str], concurrency: int, request
 
 
 def summarize(levels: list[Level]) -> list[dict]:
-    """Medians over repeats per (mode, concurrency), with the throughput ratio to plain from the
-    same repeats where plain ran."""
+    """Medians over repeats per (mode, concurrency), with the throughput ratios measured in the
+    same repeats: to plain where plain ran, and to the best of the other modes (the median
+    over repeats of this mode / the fastest other mode of that repeat)."""
     rows = []
     keys = sorted({(lv.mode, lv.concurrency) for lv in levels}, key=lambda key: (key[1], key[0] != "plain", key[0]))
+    modes = list(dict.fromkeys(lv.mode for lv in levels))
     for mode, concurrency in keys:
         runs = [lv for lv in levels if lv.mode == mode and lv.concurrency == concurrency]
         row = {"mode": mode, "concurrency": concurrency, "repeats": len(runs)}
@@ -107,6 +109,10 @@ def summarize(levels: list[Level]) -> list[dict]:
         plain = [lv for lv in levels if lv.mode == "plain" and lv.concurrency == concurrency]
         if plain and mode != "plain" and len(plain) == len(runs):
             row["throughput_vs_plain"] = statistics.median(a.throughput_tok_s / b.throughput_tok_s for a, b in zip(runs, plain))
+        others = [[lv for lv in levels if lv.mode == other and lv.concurrency == concurrency] for other in modes if other != mode]
+        if others and all(len(runs_other) == len(runs) for runs_other in others):  # against the best of the rest, round by round
+            row["throughput_vs_best_other"] = statistics.median(
+                run.throughput_tok_s / max(rest.throughput_tok_s for rest in round_) for run, *round_ in zip(runs, *others))
         rows.append(row)
     return rows
 
