@@ -64,8 +64,26 @@ def _llama():
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_callback))
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+        if "AMX" in llama_cpp.llama_print_system_info().decode(errors="replace"):
+            _without_extra_buffers(llama_cpp)
         _lib = llama_cpp
     return _lib
+
+
+def _without_extra_buffers(llama_cpp) -> None:
+    """Models load without llama.cpp's extra CPU buffer types (AMX, repacked weights), for every
+    caller of llama_model_default_params (llama-cpp-python's `Llama` included). Measured
+    2026-12-02 on a 2-core Xeon VM whose CPU flags list amx_int8/amx_tile (and whose kernel
+    grants the tile state): a build with AMX_INT8 dies of SIGILL on the first decode of a q8_0
+    or q4_0 file through the AMX buffer type, and runs with it off."""
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def model_params():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = model_params
 
 
 def _cpu_flags() -> set[str] | None:
