@@ -116,9 +116,10 @@ class _Recent:
     def add(self, value: float) -> None:
         self.values.append(value)
         self.count += 1
+        self._median = statistics.median(self.values)  # once per observation: `get` runs for every key on every choice
 
     def get(self, default: float = 0.0) -> float:
-        return statistics.median(self.values) if self.values else default
+        return self._median if self.values else default
 
 
 @dataclass
