@@ -13,6 +13,7 @@ tests/test_exactness.py.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,33 @@ def test_rows_of_a_batch_are_independent(toy_model):
         alone = _fresh(toy_model, [prompt], new[row : row + 1])[0]
         assert torch.allclose(batched[row], alone, atol=1e-3, rtol=0)
         assert torch.equal(batched[row].argmax(-1), alone.argmax(-1))
+
+
+def test_rows_on_sequences_out_of_order_give_each_row_its_own_results(toy_model):
+    """Rows whose llama.cpp sequences are not in rising order (as after rows leave and others
+    join) are decoded sorted by sequence (one ubatch, `_by_sequence`) and their results put back
+    in row order: logits, argmax and a draft's greedy continuation (logits at some positions
+    only) equal those of the same rows on sequences 0, 1, 2. The prompts differ, so a result
+    left in sequence order would land on the wrong row."""
+    from verispec.models.llamacpp import _by_sequence
+
+    assert _by_sequence(np.array([0, 0, 1, 2])) is None
+    assert _by_sequence(np.array([2, 2, 0, 1, 0])).tolist() == [2, 4, 3, 0, 1]  # stable: a row's positions keep their order
+    prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103, 104]]
+    new = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    results = []
+    for seqs in ([0, 1, 2], [2, 0, 1]):
+        cache = toy_model.new_cache(3, 64)
+        cache.seqs = list(seqs)
+        toy_model.prefill(prompts, cache)
+        logits = toy_model(new, cache)
+        argmax = toy_model.forward_argmax(new[:, :1], cache)
+        drafted = toy_model.greedy_continuation(new, [1, 3, 2], 3, cache)
+        results.append((logits, argmax, drafted))
+    (logits, argmax, drafted), (logits2, argmax2, drafted2) = results
+    assert not torch.allclose(logits[0], logits[1], atol=1e-2)
+    assert torch.allclose(logits, logits2, atol=1e-3, rtol=0) and torch.equal(logits.argmax(-1), logits2.argmax(-1))
+    assert torch.equal(argmax, argmax2) and torch.equal(drafted, drafted2)
 
 
 def test_logits_equal_the_pytorch_model_on_the_same_weights(toy, toy_model, toy_model_f32_kv):

@@ -151,6 +151,19 @@ class _Weights:
             _llama().llama_model_free(self.handle)
 
 
+def _by_sequence(seqs: np.ndarray) -> np.ndarray | None:
+    """The stable order that sorts a batch's tokens by sequence id, or None when they are sorted.
+
+    With one KV stream per sequence (llama.cpp's default, `kv_unified` off) llama.cpp cuts a
+    batch into ubatches of sequences whose ids rise by one in batch order, and each ubatch reads
+    every weight: sequences [3, 1, 2, 0] run as three passes over the weights, [0, 1, 2, 3] as
+    one. Rows join on the lowest free sequences (`LlamaCppCache.join`), so sorted, a server's
+    batch is one ubatch unless a row left a gap that no row has filled yet."""
+    if len(seqs) < 2 or bool((seqs[1:] >= seqs[:-1]).all()):
+        return None
+    return np.argsort(seqs, kind="stable")
+
+
 class _Context:
     """One llama.cpp context: its KV memory for n_seq sequences of up to n_ctx_seq positions, and
     a llama_batch of n_batch = max(_N_BATCH, 9 n_seq) tokens with numpy views on its arrays
@@ -191,6 +204,11 @@ class _Context:
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
         view, reused by the next decode): it returns a copy or a reduction of it."""
         lib, results, inside = _llama(), [], 0.0
+        order = _by_sequence(seqs)
+        if order is not None:  # llama.cpp's ubatches take runs of consecutive sequence ids in batch order
+            tokens, positions, seqs = tokens[order], positions[order], seqs[order]
+            if not isinstance(outputs, bool):
+                outputs = outputs[order]
         for start in range(0, len(tokens), self.n_batch):
             end = min(start + self.n_batch, len(tokens))
             count = end - start
@@ -211,7 +229,10 @@ class _Context:
                 results.append(read(self.logits(rows)))
         if read is None:
             return None, inside
-        return (np.concatenate(results) if len(results) > 1 else results[0]), inside
+        found = np.concatenate(results) if len(results) > 1 else results[0]
+        if order is not None:  # back to the caller's order of output tokens
+            found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
+        return found, inside
 
     def logits(self, rows: int) -> np.ndarray:
         """llama.cpp's logits of the last decode, [rows, V] float32 in place (no copy)."""
@@ -279,7 +300,7 @@ class LlamaCppCache(CacheLengths):
         free = sorted(set(range(self.context.n_seq)) - set(self.seqs) - self._reserved)
         if not free:
             raise ValueError(f"the llama.cpp context holds {self.context.n_seq} sequences; none is free to reserve")
-        seq = free[-1]
+        seq = free[0]  # the lowest, as for a join: the batch's sequence ids stay consecutive (_by_sequence)
         _llama().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
         view = LlamaCppCache.__new__(LlamaCppCache)
         view.max_length, view._host_lengths, view.model, view.context, view.seqs = self.max_length, [0], self.model, self.context, [seq]
