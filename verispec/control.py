@@ -245,15 +245,6 @@ class AdaptiveLength:
         alphas, c, r = inputs
         return [refined_speedup(alphas[:k], c, r) for k in range(self.k_max + 1)]
 
-    def drafting_k(self, batch: int = 1) -> int:
-        """The k in 1..k_max with the highest predicted S at this batch size, for a caller that
-        has already decided to draft (ServingLength); ties go to the smaller k; 4 (at most k_max)
-        before anything is known."""
-        speedups = self.predicted_speedups(batch)
-        if not speedups:
-            return min(4, self.k_max)
-        return max(range(1, self.k_max + 1), key=lambda k: (speedups[k], -k))
-
     # ---- the policy
 
     def choose(self, batch: int = 1) -> int:
@@ -359,10 +350,9 @@ def _line(points: list[tuple[int, float]], k: int) -> float:
 
 @dataclass
 class ServingLength:
-    """`--k auto` in a server: drafting (at the inner model's best k >= 1, `drafting_k`) or plain
-    decoding, whichever gave more tokens per second of wall-clock time over recent whole windows
-    of `window` passes at this batch size (batch sizes in powers of two: 1, 2, 3-4, 5-8, ...).
-    The model ranks the draft lengths; whether to draft at all is measured, never modelled.
+    """`--k auto` in a server: `inner`'s draft length or plain decoding, whichever gave more
+    tokens per second of wall-clock time over recent whole windows of `window` passes at this
+    batch size (batch sizes in powers of two: 1, 2, 3-4, 5-8, ...).
 
     A per-pass cost model misses what a server pays around its passes (HTTP threads on the same
     cores, joins, the client): measured on a 2-core machine, an auto server's passes ran 2-3x
@@ -412,7 +402,8 @@ class ServingLength:
         self._last = now
         if self._passes >= self.window:
             self._close(batch)
-        return 0 if self._mode == "plain" else self.inner.drafting_k(batch)
+        k = self.inner.choose(batch)
+        return 0 if self._mode == "plain" else k
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
         self.inner.observe(k, beta_sums, verified, draft_s, target_s, batch)
