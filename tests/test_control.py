@@ -270,36 +270,3 @@ def test_calibrated_costs_are_scaled_by_what_passes_take_in_service():
     assert serve(1.0, 1.0)[-40:].count(0) == 0
     stretched = serve(1.7, 1.1)[-40:]
     assert stretched.count(0) >= 36 and set(stretched) <= {0, 1}, stretched
-
-
-def test_a_server_runs_the_mode_that_gave_more_tokens_per_second():
-    """ServingLength: the inner policy is calibrated to think drafting pays at every batch size,
-    but in service (a fake clock) drafting gives 200 tokens/s at 16 rows against plain's 300,
-    and 100 against 60 at one row. After its first windows it runs plain at 16 rows and drafts
-    at one, giving the other mode one window in `explore_every`. The inner policy alone keeps
-    drafting at 16 rows: the negative control."""
-    from verispec.control import ServingLength
-
-    def serve(policy, batch: int, passes: int) -> list[int]:
-        chosen = []
-        for _ in range(passes):
-            k = policy.choose(batch=batch)
-            chosen.append(k)
-            rate = (200.0 if k else 300.0) if batch == 16 else (100.0 if k else 60.0)
-            tokens = batch * (1 + (2 if k else 0))
-            clock[0] += tokens / rate
-            policy.observe(k, [0.9 * batch] * k, [batch] * k, 0.001 * k, 0.01, batch=batch)
-            if isinstance(policy, ServingLength):
-                policy.committed(tokens)
-        return chosen
-
-    clock = [0.0]
-    calibrated = lambda: _calibrated(lambda n: 1.0, lambda b: 0.01)  # noqa: E731  (drafting looks free)
-    policy = ServingLength(calibrated(), window=8, explore_every=8, clock=lambda: clock[0])
-    busy = serve(policy, 16, 8 * 40)[8 * 4:]  # after the first windows
-    alone = serve(policy, 1, 8 * 40)[8 * 4:]
-    plain_windows = sum(all(k == 0 for k in busy[i : i + 8]) for i in range(0, len(busy), 8))
-    draft_windows = sum(all(k > 0 for k in alone[i : i + 8]) for i in range(0, len(alone), 8))
-    assert plain_windows >= 36 * 7 // 8 - 1 and draft_windows >= 36 * 7 // 8 - 1, (plain_windows, draft_windows)
-    assert policy.rate(16, "plain") == pytest.approx(300.0) and policy.rate(1, "draft") == pytest.approx(100.0)
-    assert serve(calibrated(), 16, 64).count(0) == 0

@@ -39,9 +39,7 @@ Knows nothing of models or tokens.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -346,94 +344,3 @@ def _line(points: list[tuple[int, float]], k: int) -> float:
     slope = sum((j - mean_k) * (t - mean_t) for j, t in points) / sum((j - mean_k) ** 2 for j, _ in points)
     fixed = mean_t - slope * mean_k
     return fixed + slope * k if slope > 0 and fixed >= 0 else per_token * k
-
-
-@dataclass
-class ServingLength:
-    """`--k auto` in a server: `inner`'s draft length or plain decoding, whichever gave more
-    tokens per second of wall-clock time over recent whole windows of `window` passes at this
-    batch size (batch sizes in powers of two: 1, 2, 3-4, 5-8, ...).
-
-    A per-pass cost model misses what a server pays around its passes (HTTP threads on the same
-    cores, joins, the client): measured on a 2-core machine, an auto server's passes ran 2-3x
-    their calibrated time, plain ones included, while a plain server's did not. So each bucket
-    keeps the rates (tokens / seconds between the window's first and last `choose`, gaps capped
-    at `max_gap_s` so that an idle server does not count) of its last `keep` windows in each
-    mode, runs the faster mode, and gives the other one window every `explore_every`. The
-    scheduler reports each pass's committed tokens (`committed`). Which tokens are committed
-    never depends on it: exactness is untouched."""
-
-    inner: AdaptiveLength
-    window: int = 16
-    explore_every: int = 16
-    keep: int = 3
-    max_gap_s: float = 1.0
-    clock: Callable[[], float] = time.perf_counter
-    _mode: str = field(init=False, default="draft")
-    _bucket: int = field(init=False, default=0)
-    _passes: int = field(init=False, default=0)
-    _rows: int = field(init=False, default=0)
-    _tokens: int = field(init=False, default=0)
-    _elapsed: float = field(init=False, default=0.0)
-    _last: float | None = field(init=False, default=None)
-    _rates: dict = field(init=False, repr=False)  # (bucket, mode) -> deque of tokens/s
-    _since_other: dict = field(init=False, repr=False)  # bucket -> windows since the slower mode ran
-
-    def __post_init__(self) -> None:
-        for name in ("window", "explore_every", "keep"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self._rates, self._since_other = {}, {}
-
-    @property
-    def k_max(self) -> int:
-        return self.inner.k_max
-
-    def rate(self, batch: int, mode: str) -> float | None:
-        """Median tokens/s of the recent windows in this mode at this batch size's bucket."""
-        rates = self._rates.get((_bucket(batch), mode))
-        return statistics.median(rates) if rates else None
-
-    def choose(self, batch: int = 1) -> int:
-        now = self.clock()
-        if self._last is not None:
-            self._elapsed += min(now - self._last, self.max_gap_s)
-        self._last = now
-        if self._passes >= self.window:
-            self._close(batch)
-        k = self.inner.choose(batch)
-        return 0 if self._mode == "plain" else k
-
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
-        self.inner.observe(k, beta_sums, verified, draft_s, target_s, batch)
-        self._rows += batch
-
-    def committed(self, tokens: int) -> None:
-        """The tokens the last pass committed, over all rows."""
-        self._tokens += tokens
-        self._passes += 1
-
-    def _close(self, batch: int) -> None:
-        """End the window: record its rate under its mean batch size, pick the next window's mode."""
-        if self._elapsed > 0:
-            key = (_bucket(round(self._rows / self._passes)), self._mode)
-            self._rates.setdefault(key, deque(maxlen=self.keep)).append(self._tokens / self._elapsed)
-        self._passes = self._rows = self._tokens = 0
-        self._elapsed = 0.0
-        bucket = _bucket(batch)
-        draft, plain = self.rate(batch, "draft"), self.rate(batch, "plain")
-        if draft is None or plain is None:  # try what this bucket has not seen
-            self._mode = "draft" if draft is None else "plain"
-            return
-        best = "draft" if draft >= plain else "plain"
-        waited = self._since_other.get(bucket, 0) + 1
-        if waited >= self.explore_every:
-            self._mode, self._since_other[bucket] = ("plain" if best == "draft" else "draft"), 0
-        else:
-            self._mode, self._since_other[bucket] = best, waited
-
-
-def _bucket(batch: int) -> int:
-    """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ..."""
-    return max(batch - 1, 0).bit_length()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import SamplingParams
-from ..control import AdaptiveLength, DraftLengthPolicy, ServingLength
+from ..control import AdaptiveLength, DraftLengthPolicy
 from ..engine import Batch, Staged
 from ..profiler import batch_sizes, calibrate
 from ..stats import RequestStats
@@ -65,8 +65,6 @@ class Scheduler:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.max_batch, self.max_waiting, self.max_model_len, self.prefill_chunk = max_batch, max_waiting, max_model_len, prefill_chunk
         self.metrics = metrics
-        if isinstance(k, AdaptiveLength) and drafter is not None:  # --k auto: modes compared by measured tokens/s
-            k = ServingLength(k)
         k_max = k.k_max if isinstance(k, DraftLengthPolicy) else k
         self.batch = Batch(target, [], [], drafter, k, capacity=max_batch, max_length=max_model_len + k_max + 1,
                            compiled=False, count_requests=False)
@@ -77,7 +75,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
-        self.calibrate = calibrate and isinstance(self.batch.policy, ServingLength)
+        self.calibrate = calibrate and isinstance(self.batch.policy, AdaptiveLength)
         self.calibration_s: float | None = None  # seconds the calibration took, once done
 
     # ---- called from other threads
@@ -102,7 +100,7 @@ class Scheduler:
         profiler.calibrate), then start the loop's thread."""
         if self.calibrate and self.calibration_s is None:
             sizes = batch_sizes(self.max_batch)
-            self.calibration_s = calibrate(self.batch, self.batch.policy.inner, sizes, self.max_model_len)
+            self.calibration_s = calibrate(self.batch, self.batch.policy, sizes, self.max_model_len)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -208,8 +206,6 @@ class Scheduler:
 
     def _pass(self) -> None:
         chunk = self.batch.step()
-        if isinstance(self.batch.policy, ServingLength):
-            self.batch.policy.committed(sum(len(tokens) for tokens in chunk.values()))
         self.passes += 1
         now = time.perf_counter()
         if self.metrics is not None:
