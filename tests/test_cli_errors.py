@@ -110,6 +110,7 @@ CASES = [
     (["bench-serve", "--url", "http://192.0.2.1:8000"], "--url must be a server on this machine", None),
     (["bench-serve", *T, "--modes", "plain,fast"], "--modes", None),
     (["bench-serve", *T, "--json", "/nonexistent/dir/s.json"], "--json", None),
+    (["bench-serve", "--target", "/nonexistent/model", "--modes", "plain"], "did not start: /nonexistent/model", None),
 ]
 
 

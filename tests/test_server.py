@@ -461,8 +461,8 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
 
 
 def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same_rounds(tmp_path):
-    """`verispec bench-serve` end to end on the toy pair: servers for plain, k = 2 and auto in
-    this process, two levels, two rounds; every level and mode has its medians, no errors, the
+    """`verispec bench-serve` end to end on the toy pair: servers for plain, k = 2 and auto, each
+    in a process of its own, two levels, two rounds; every level and mode has its medians, no errors, the
     ratios to plain and to the best other mode, and the CSV and the plot are written."""
     from verispec.cli import main
     from verispec.models.toy import make_toy_pair

@@ -180,7 +180,8 @@ def _parser() -> argparse.ArgumentParser:
 
     bsv = commands.add_parser("bench-serve", help="load `verispec serve` on this machine: throughput and latency against concurrency, "
                               "for plain decoding, a fixed k and auto, interleaved")
-    bsv.add_argument("--url", help="a server already running on this machine (loopback) instead of starting them here")
+    bsv.add_argument("--url", help="a server already running on this machine (loopback) instead of starting them here "
+                     "(each started here runs in a process of its own, one after another)")
     bsv.add_argument("--modes", default="plain,4,auto", help="with no --url: the servers started here: plain, a draft length, auto (default plain,4,auto)")
     bsv.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent requests, comma-separated (default 1,2,4,8,16,32)")
     bsv.add_argument("--prompts", help="JSON lines with a \"prompt\" each (default: the built-in held-out prompts)")
@@ -192,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     bsv.add_argument("--target", help="target model for the servers started here; default: the built-in pair")
     bsv.add_argument("--draft", help="draft model, 'ngram' or 'early-exit:L' (default: the built-in draft with the built-in target)")
     bsv.add_argument("--k-max", type=int, default=8, help="auto's longest draft (default 8)")
+    bsv.add_argument("--max-model-len", type=_positive, default=None, help="the servers' --max-model-len (default: the model's context)")
     bsv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     bsv.add_argument("--json", metavar="OUT", help="write every level and the medians here")
     bsv.add_argument("--csv", metavar="OUT", help="write the medians here")
@@ -1029,7 +1031,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
     try:
         from .server.loadgen import as_dict, bench_serve, plot, summarize, write_csv
-        from .server.run import build, start_in_thread
+        from .server.run import Spawned
     except ImportError as error:
         return _fail(f"verispec bench-serve needs the serve extra (pip install 'verispec[serve]'): {error}")
     levels = [int(x) for x in args.concurrency.split(",") if x.strip().isdigit()]
@@ -1052,20 +1054,22 @@ def _bench_serve(args: argparse.Namespace) -> int:
         bad = [m for m in modes if m not in ("plain", "auto") and not m.isdigit()]
         if bad or not modes:
             return _fail(f"--modes takes plain, auto and draft lengths, got {args.modes!r}")
-        _default_pair(args)
-        dtype = parse_dtype(args.dtype)
-        target, tokenizer = _target(args, dtype)
-        eos = target.config.eos_token_id
-        eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        common = ["--max-batch", str(args.max_batch), "--k-max", str(args.k_max), "--dtype", args.dtype, "--backend", args.backend,
+                  "--gguf-type", args.gguf_type, "--device", args.device, "--model-name", "bench"]
+        for flag in ("target", "max_model_len", "threads"):
+            if getattr(args, flag) is not None:
+                common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         servers = {}
-        for mode in modes:
-            drafter = None if mode == "plain" else _drafter(args.draft, dtype, target, args.target, args)
-            k = FixedLength(0) if mode == "plain" else AdaptiveLength(k_max=args.k_max) if mode == "auto" else FixedLength(int(mode))
-            app, _ = build(target, drafter, tokenizer,  # one target for all: one server is loaded at a time
-                           model_name="bench", k=k, max_batch=args.max_batch, max_model_len=min(1024, target.config.max_position_embeddings), eos=eos)
-            handle = start_in_thread(app)
-            started.append(handle)
-            servers["plain" if mode == "plain" else f"k={mode}"] = handle.url
+        try:
+            for mode in modes:  # one at a time: the first converts the built-in pair (cached), a calibration runs alone
+                drafter = ["--draft", "none"] if mode == "plain" else ["--draft", args.draft] if args.draft else []
+                handle = Spawned([*common, *drafter, "--k", "0" if mode == "plain" else mode])
+                started.append(handle)
+                servers["plain" if mode == "plain" else f"k={mode}"] = handle.url
+        except RuntimeError as error:
+            for handle in started:
+                handle.stop()
+            return _fail(str(error))
     try:
         def say(level) -> None:
             print(f"{level.mode:>8} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s  TTFT p50 {level.ttft_p50_s * 1e3:7.1f} ms"

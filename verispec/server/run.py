@@ -2,7 +2,8 @@
 models) and `run` (uvicorn on host:port until SIGINT or SIGTERM, then the scheduler stops:
 the requests it held end with an error event, the thread is joined). `ServedModels` is what
 the command line loads for a server, in this process or in each Ray replica (replicas.py);
-`model_len` is the context rule both use.
+`model_len` is the context rule both use. `Running` is a server in a thread of this process
+(tests), `Spawned` one in a process of its own (bench-serve's servers under test).
 """
 
 from __future__ import annotations
@@ -107,3 +108,71 @@ class Running:
 
 def start_in_thread(app) -> Running:
     return Running(app)
+
+
+class Spawned:
+    """`verispec serve FLAGS` in a process of its own on 127.0.0.1 and a free port (`url`), ready
+    (its /health answers, so a `--k auto` server has calibrated) when the constructor returns;
+    `stop()` sends SIGINT and waits. bench-serve measures servers this way: a server in the load
+    generator's process would share its interpreter lock, and every streamed token the load
+    generator reads would delay the server's next pass."""
+
+    def __init__(self, flags: list[str], timeout: float = 600.0):
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        self.flags = flags
+        self.log = tempfile.NamedTemporaryFile(prefix="verispec-serve-", suffix=".log", delete=False)  # noqa: SIM115  (closed by stop)
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "verispec", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
+                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not _healthy(self.url):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                reason = _last_line(self.log.name).removeprefix("verispec: error: ") or f"no answer on {self.url}/health within {timeout:.0f} s"
+                self.stop()
+                raise RuntimeError(f"`verispec serve {' '.join(flags)}` did not start: {reason}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if not self.log.closed:
+            self.log.close()
+            os.unlink(self.log.name)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _last_line(path: str) -> str:
+    with open(path, errors="replace") as log:
+        lines = [line.strip() for line in log if line.strip()]
+    return lines[-1] if lines else ""
