@@ -19,7 +19,14 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.stats import SpecStats
-from verispec.theory import optimal_k
+from verispec.theory import speedup
+
+
+def near_best_k(alpha: float, c: float, k_max: int, tolerance: float = 0.03) -> int:
+    """The closed form's choice under AdaptiveLength's rule: the smallest k whose S(k) = E / (1 + kc)
+    is within `tolerance` of the best over 0..k_max (tolerance 0: the argmax, theory.optimal_k)."""
+    s = [speedup(alpha, k, c) for k in range(k_max + 1)]
+    return next(k for k, value in enumerate(s) if value >= (1 - tolerance) * max(s))
 
 
 class Scripted:
@@ -91,7 +98,7 @@ def _feed(policy: AdaptiveLength, alpha: float, t_draft: float, t_target, iterat
 def test_adaptive_speculates_when_it_pays_and_matches_the_closed_form():
     policy = AdaptiveLength(k_max=16)
     chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0)
-    assert chosen[-1] == optimal_k(0.8, 0.05, 16) and chosen[-1] >= 3
+    assert chosen[-1] == near_best_k(0.8, 0.05, 16) and chosen[-1] >= 3
 
 
 @pytest.mark.parametrize(
@@ -131,7 +138,7 @@ def test_a_drafting_pass_that_catches_up_does_not_count_as_the_drafts_cost():
         k = chosen[-1]
         policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 1.0)
         chosen.append(policy.choose())
-    assert min(chosen) > 0 and chosen[-1] == optimal_k(0.8, 0.05, 8), chosen
+    assert min(chosen) > 0 and chosen[-1] == near_best_k(0.8, 0.05, 8), chosen
 
 
 @pytest.mark.parametrize("prior_c, expect_draft", [(0.05, True), (2.0, False)])
@@ -144,7 +151,7 @@ def test_a_cost_profile_lets_the_first_choice_be_right(prior_c, expect_draft):
     assert AdaptiveLength(k_max=8).choose() == 0
     if expect_draft:  # and its choice follows the measurements once they come
         chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0)
-        assert chosen[-1] == optimal_k(0.8, 0.05, 8)
+        assert chosen[-1] == near_best_k(0.8, 0.05, 8)
 
 
 def test_policies_validate_their_arguments():
@@ -215,7 +222,8 @@ def test_a_calibrated_policy_chooses_right_at_every_batch_size_from_the_first_pa
     t_target = lambda n: max(1.0, n / 16)  # noqa: E731
     t_step = lambda b: 0.06 * max(1.0, b / 8)  # noqa: E731
     policy = _calibrated(t_target, t_step)
-    expected = max(range(9), key=lambda k: (1 - 0.7 ** (k + 1)) / 0.3 / (t_target(k + 1) + k * 0.06))
+    s = [(1 - 0.7 ** (k + 1)) / 0.3 / (t_target(k + 1) + k * 0.06) for k in range(9)]
+    expected = next(k for k in range(9) if s[k] >= 0.97 * max(s))  # the shortest within 3% of the best
     assert policy.choose(batch=1) == expected >= 3
     assert AdaptiveLength(k_max=8).choose(batch=1) == 0
     chosen = []
@@ -241,7 +249,7 @@ def test_one_stalled_pass_does_not_flip_the_choice():
     policy = _calibrated(lambda n: 1.0, lambda b: 0.05)
     chosen = _feed(policy, alpha=0.8, t_draft=0.05, t_target=lambda n: 1.0, iterations=30)
     k = chosen[-1]
-    assert k == optimal_k(0.8, 0.05, 8)
+    assert k == near_best_k(0.8, 0.05, 8)
     policy.observe(k, [0.8] * k, [1] * k, 0.05 * k, 20.0)  # one stalled pass at this k
     assert policy.choose() == k
     for _ in range(20):  # the same pass, slow every time now: drafting this long stops paying
@@ -270,3 +278,20 @@ def test_calibrated_costs_are_scaled_by_what_passes_take_in_service():
     assert serve(1.0, 1.0)[-40:].count(0) == 0
     stretched = serve(1.7, 1.1)[-40:]
     assert stretched.count(0) >= 36 and set(stretched) <= {0, 1}, stretched
+
+
+def test_where_the_predicted_speedup_is_flat_the_shorter_draft_is_chosen():
+    """Memory-bound passes (t_target 1 at any width) and a draft step of 0.1: at the prior
+    acceptance 0.7, S(3) = 1.948 and S(4) = 1.981, the argmax. Within 3% of the best, the policy
+    takes k = 3; with tolerance 0 (the negative control) the argmax, 4. S(2) = 1.825 is not
+    within 3%, so the rule is not just 'shorter'."""
+    from verispec.control import shortest_near_best
+
+    calibrated = lambda **kw: _calibrated(lambda n: 1.0, lambda b: 0.1, **kw)  # noqa: E731
+    assert calibrated().choose(batch=1) == 3
+    policy = calibrated()
+    policy.tolerance = 0.0
+    assert policy.choose(batch=1) == 4
+    assert shortest_near_best([1.0, 1.5, 2.0, 1.99], 0.03) == 2 and shortest_near_best([1.0, 0.98], 0.03) == 0
+    with pytest.raises(ValueError, match="tolerance"):
+        AdaptiveLength(tolerance=1.0)
