@@ -75,6 +75,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
+        self._ready = threading.Event()  # set once the loop's thread has calibrated (or failed)
         self.calibrate = calibrate and isinstance(self.batch.policy, AdaptiveLength)
         self.calibration_s: float | None = None  # seconds the calibration took, once done
 
@@ -96,12 +97,15 @@ class Scheduler:
             self._wake.notify()
 
     def start(self) -> None:
-        """Calibrate `--k auto` (passes at every batch size and k, timed before any request:
-        profiler.calibrate), then start the loop's thread."""
-        if self.calibrate and self.calibration_s is None:
-            sizes = batch_sizes(self.max_batch)
-            self.calibration_s = calibrate(self.batch, self.batch.policy, sizes, self.max_model_len)
+        """Start the loop's thread and return once it is ready: with `--k auto` it first
+        calibrates (passes at every batch size and k, timed before any request:
+        profiler.calibrate). The calibration runs on the loop's own thread, as every later pass
+        does: llama.cpp's OpenMP keeps a team of threads per calling thread, and passes after a
+        calibration on another thread ran about 10% slower at one row (two teams on the cores)."""
         self._thread.start()
+        self._ready.wait()
+        if self.error is not None:
+            raise RuntimeError(f"the scheduler could not start: {self.error}") from self.error
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._wake:
@@ -124,10 +128,14 @@ class Scheduler:
     def _run(self) -> None:
         try:
             with torch.no_grad():
+                if self.calibrate and self.calibration_s is None:
+                    self.calibration_s = calibrate(self.batch, self.batch.policy, batch_sizes(self.max_batch), self.max_model_len)
+                self._ready.set()
                 while self._turn():
                     pass
         except BaseException as error:  # noqa: BLE001 (every request still held must hear of it)
             self.error = error
+            self._ready.set()
             for submission in self._held():
                 submission.on_event(Event([], "error", error=f"the engine stopped: {error}"))
             self.waiting, self.staging = deque(), deque()
