@@ -244,8 +244,7 @@ class AdaptiveLength:
         inputs = self._model_inputs(batch)
         if inputs is None:
             return []
-        alphas, c, r = inputs
-        return [refined_speedup(alphas[:k], c, r) for k in range(self.k_max + 1)]
+        return _speedups(*inputs, self.k_max)
 
     # ---- the policy
 
@@ -254,7 +253,7 @@ class AdaptiveLength:
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
-        best = shortest_near_best([refined_speedup(alphas[:k], c, r) for k in range(self.k_max + 1)], self.tolerance)
+        best = shortest_near_best(_speedups(alphas, c, r, self.k_max), self.tolerance)
         timed = [j for b, j in self._draft if b == batch]
         if 0 < best < self.k_max and timed == [best] and not self._seeded_target:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
@@ -291,6 +290,11 @@ class AdaptiveLength:
         pass, t_draft by (batch, k); each counts as one observation, acceptance is untouched."""
         self._seeded_target.update(target)
         self._seeded_draft.update(draft)
+
+
+def _speedups(alphas: list[float], c: float, r: list[float], k_max: int) -> list[float]:
+    """The refined model's S(k) for k = 0..k_max (S(0) = 1)."""
+    return [refined_speedup(alphas[:k], c, r) for k in range(k_max + 1)]
 
 
 def shortest_near_best(speedups: list[float], tolerance: float) -> int:

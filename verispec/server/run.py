@@ -123,7 +123,6 @@ class Spawned:
         import tempfile
         import time
 
-        self.flags = flags
         self.log = tempfile.NamedTemporaryFile(prefix="verispec-serve-", suffix=".log", delete=False)  # noqa: SIM115  (closed by stop)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
