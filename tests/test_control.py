@@ -295,3 +295,53 @@ def test_where_the_predicted_speedup_is_flat_the_shorter_draft_is_chosen():
     assert shortest_near_best([1.0, 1.5, 2.0, 1.99], 0.03) == 2 and shortest_near_best([1.0, 0.98], 0.03) == 0
     with pytest.raises(ValueError, match="tolerance"):
         AdaptiveLength(tolerance=1.0)
+
+
+def test_a_deep_position_seen_a_few_times_is_pulled_toward_the_first():
+    """Sixty k = 3 passes at acceptance 0.7 everywhere, then two k = 8 passes whose deep betas
+    all came out 1 (greedy betas are 0 or 1). With `shrink` the deep positions stay under 0.85
+    and the policy lengthens its draft by one (S(4) is within 3% of the best); with shrink 0
+    (the negative control) two betas put them above 0.9 and the policy jumps to k >= 7."""
+    def run(shrink: float) -> tuple[list[float], int]:
+        policy = AdaptiveLength(k_max=8, shrink=shrink)
+        policy.seed_costs({k + 1: 1.0 for k in range(9)}, {(1, k): 0.1 * k for k in range(1, 9)})
+        for _ in range(60):
+            policy.observe(3, [0.7] * 3, [1] * 3, 0.3, 1.0)
+        assert policy.choose() == 3
+        for _ in range(2):
+            policy.observe(8, [0.7, 0.7, 0.7] + [1.0] * 5, [1] * 8, 0.8, 1.0)
+        return policy.alphas(), policy.choose()
+
+    alphas, k = run(AdaptiveLength.shrink)
+    assert AdaptiveLength.shrink > 0 and max(alphas[3:]) < 0.85 and k == 4, (alphas, k)
+    alphas, k = run(0.0)
+    assert min(alphas[3:]) > 0.9 and k >= 7, (alphas, k)
+
+
+def test_calibrated_times_are_smoothed_by_a_line_over_k():
+    """A calibration whose k = 4 pass came out 30% slow by chance (three passes on a busy
+    machine): the time the policy uses at k = 4 is the line's, within 8% of the straight
+    neighbours' trend, and at k = 0 the calibration's own. A falling line is held flat."""
+    from verispec.control import _fitted_line
+
+    policy = AdaptiveLength(k_max=8)
+    draft = {(1, k): 0.1 * k for k in range(1, 9)}
+    draft[(1, 4)] *= 1 + 0.3 * 1.4 / 0.4  # the iteration 1.4 + 0.4 comes out 30% of 1.4 longer
+    policy.seed_costs({k + 1: 1.0 for k in range(9)}, draft)
+    assert policy.calibrated_seconds(1, 0) == pytest.approx(1.0)
+    assert policy.calibrated_seconds(1, 4) == pytest.approx(1.4, rel=0.08)
+    assert policy.calibrated_seconds(1, 4) < 1.4 * 1.3 * 0.9
+    assert [policy.calibrated_seconds(1, k) for k in range(1, 9)] == pytest.approx(_fitted_line([1.0 + 0.1 * k + (0.42 if k == 4 else 0) for k in range(1, 9)]))
+    assert _fitted_line([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0]) and _fitted_line([5.0]) == [5.0]
+
+
+def test_the_service_stretch_of_drafting_passes_is_pooled_over_k():
+    """Drafting passes in service take 1.2 times the calibration's at k = 3 (twenty of them);
+    k = 5 never ran: it is stretched by the same 1.2, not by 1. Plain passes have their own."""
+    policy = _calibrated(lambda n: 1.0, lambda b: 0.1)
+    for _ in range(20):
+        policy.observe(3, [0.7] * 3, [1] * 3, 0.3 * 1.2, policy.calibrated_seconds(1, 3) * 1.2 - 0.3 * 1.2)
+    assert policy.stretch(3) == pytest.approx(1.2) and policy.stretch(5) == pytest.approx(1.2)
+    assert policy.stretch(0) == 1.0
+    policy.observe(0, [], [], 0.0, policy.calibrated_seconds(1, 0) * 0.9)
+    assert policy.stretch(0) == pytest.approx(0.9) and policy.stretch(3) == pytest.approx(1.2)

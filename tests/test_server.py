@@ -452,7 +452,7 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
         assert set(policy._seeded_target) == {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
         assert set(policy._seeded_draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
         assert not policy._target and not policy._stretch  # no request yet: nothing timed in service
-        assert all(a == 0.7 for a in policy.alphas())  # acceptance untouched: the calibration's text is not the users'
+        assert policy.alphas() == pytest.approx([0.7] * 4)  # acceptance untouched: the calibration's text is not the users'
         got = _post(handle.url, {"model": "pair", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).json()
         assert "choices" in got, got
         assert got["choices"][0]["text"] == _plain(pair, PROMPTS[0], 24)
@@ -480,8 +480,26 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     medians = {(row["mode"], row["concurrency"]): row for row in report["medians"]}
     assert set(medians) == {(mode, c) for mode in ("plain", "k=2", "k=auto") for c in (1, 3)}
     for (mode, c), row in medians.items():
-        assert row["repeats"] == 2 and row["throughput_tok_s"] > 0 and "throughput_vs_best_other" in row
+        assert row["repeats"] == 2 and row["throughput_tok_s"] > 0 and "throughput_vs_best_other" in row and "throughput_vs_best_other_by_round" in row
         assert ("throughput_vs_plain" in row) == (mode != "plain")
     header = out["csv"].read_text().splitlines()[0].split(",")
     assert {"mode", "concurrency", "throughput_tok_s", "throughput_vs_plain", "throughput_vs_best_other", "itl_p99_s"} <= set(header)
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
+    """Three rounds at one level: 'auto' serves 100 tokens/s every round; 'a', 'b' and 'c' 90,
+    each but in the round where it happens to serve 120. By medians auto is 100 / 90 of the best
+    other mode; by rounds, where some rival is at 120 in every round, 100 / 120."""
+    from verispec.server.loadgen import Level, summarize
+
+    def level(mode: str, throughput: float) -> Level:
+        return Level(mode, 4, 8, throughput, 1.0, 0.1, 0.2, 0.01, 0.02, 0.01, 0)
+
+    rounds = [{"auto": 100, "a": 120, "b": 90, "c": 90}, {"auto": 100, "a": 90, "b": 120, "c": 90},
+              {"auto": 100, "a": 90, "b": 90, "c": 120}]
+    rows = {row["mode"]: row for row in summarize([level(m, t) for r in rounds for m, t in r.items()])}
+    assert rows["auto"]["throughput_vs_best_other"] == pytest.approx(100 / 90)
+    assert rows["auto"]["throughput_vs_best_other_by_round"] == pytest.approx(100 / 120)
+    assert rows["a"]["throughput_vs_best_other"] == pytest.approx(90 / 100)
+    assert rows["a"]["throughput_vs_best_other_by_round"] == pytest.approx(90 / 120)  # median of 120/100, 90/120, 90/120

@@ -6,7 +6,8 @@ iteration, the shortest k in 0..k_max whose predicted speed-up
 S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `tolerance`
 (3%) of the best (`shortest_near_best`):
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
-  acceptance probability; lower variance than counting accepts);
+  acceptance probability; lower variance than counting accepts), past the first position
+  pulled toward the first's estimate by `shrink` betas (deep positions are verified seldom);
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
   measured) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
@@ -18,10 +19,11 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `
 A cost profile (profiler.py: `prior_c`, `prior_r`) lets it choose well from the first
 iteration. A calibration (profiler.calibrate: medians of real passes at every batch size and
 k, `seed_costs`, as the server runs before its first request) replaces both tables: its
-iteration times give the shape over batch sizes and k, and each k's are multiplied by its
-`stretch`, the median ratio of that k's passes in service to the calibration's (pooled over
-batch sizes, so that a batch size seldom seen still learns from the others; a server's passes
-share the cores with its HTTP threads and run at longer contexts than the calibration's).
+iteration times, smoothed by a line over k = 1..k_max at each batch size, give the shape over
+batch sizes and k, multiplied by the `stretch`, the median ratio of passes in service to the
+calibration's, one for plain passes and one for drafting passes (pooled over batch sizes and
+k, so that a batch size or k seldom seen still learns from the others; a server's passes run
+at longer contexts than the calibration's, beside HTTP work).
 Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
 verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 every
@@ -79,14 +81,16 @@ class FixedLength:
 
 
 class _Mean:
-    """An exponentially weighted mean. `get(default)` counts the default as `prior_weight`
+    """An exponentially weighted mean. `get(default, anchor)` counts the default as `prior_weight`
     observations, a weight halved by every observation (and dropped below 0.01), so it steadies
-    the first few estimates and is then gone; and, once the evidence has faded below one
-    observation (`fade`: iterations that observed nothing here), as the missing weight, so that
-    an estimate nobody checks any more returns to the default instead of freezing."""
+    the first few estimates and is then gone; the anchor (default: the default) as `shrink`
+    observations that never go (a deep draft position's few greedy betas, each 0 or 1, are
+    pulled toward the first position's well-measured estimate); and, once the evidence has
+    faded below one observation (`fade`: iterations that observed nothing here), the default as
+    the missing weight, so that an estimate nobody checks any more returns to it instead of freezing."""
 
-    def __init__(self, decay: float, prior_weight: float = 0.0):
-        self.decay, self.total, self.weight, self.prior_weight = decay, 0.0, 0.0, prior_weight
+    def __init__(self, decay: float, prior_weight: float = 0.0, shrink: float = 0.0):
+        self.decay, self.total, self.weight, self.prior_weight, self.shrink = decay, 0.0, 0.0, prior_weight, shrink
         self.count = 0  # observations ever
 
     def add(self, value: float, weight: float = 1.0) -> None:
@@ -101,9 +105,10 @@ class _Mean:
         self.total *= self.decay**4
         self.weight *= self.decay**4
 
-    def get(self, default: float) -> float:
+    def get(self, default: float, anchor: float | None = None) -> float:
         prior = max(self.prior_weight, 1.0 - self.weight)  # evidence faded below one observation: the default returns
-        return (self.total + default * prior) / (self.weight + prior)
+        anchor = default if anchor is None else anchor
+        return (self.total + default * prior + anchor * self.shrink) / (self.weight + prior + self.shrink)
 
 
 class _Recent:
@@ -131,7 +136,9 @@ class AdaptiveLength:
     prior_alpha: float = 0.7  # for positions not verified yet
     prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
     #                            one greedy rejection (beta 0) at the start does not stop drafting
-    min_evidence: int = 8  # betas at the first position before the policy stops drafting altogether
+    shrink: float = 4.0  # positions past the first always count the first's estimate as this many betas
+    min_evidence: int = 16  # betas at the first position before the policy stops drafting altogether (8 greedy
+    #                         betas, each 0 or 1, could not tell 0.4 from 0.7: a fresh server backed off on a prompt k = 3 served at 2.1 tokens a pass)
     prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
     prior_batch: int = 1  # the batch size prior_r was measured at
@@ -142,7 +149,8 @@ class AdaptiveLength:
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
     _seeded_draft: dict[tuple[int, int], float] = field(init=False, repr=False)  # its t_draft, by (batch, k)
-    _stretch: dict[int, _Recent] = field(init=False, repr=False)  # by k: a pass's seconds / the calibration's, at any batch size
+    _calibrated: dict[int, list[float]] = field(init=False, repr=False)  # calibrated_seconds by batch size, k = 0..k_max
+    _stretch: dict[bool, _Recent] = field(init=False, repr=False)  # by drafting or not: a pass's seconds / the calibration's
     _since_draft: int = field(init=False, default=0)
     _drafted: bool = field(init=False, default=False)
 
@@ -165,18 +173,22 @@ class AdaptiveLength:
             self.prior_r = tuple(float(x) for x in self.prior_r)
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
-        self._alpha = [_Mean(self.decay, self.prior_weight) for _ in range(self.k_max)]
+        if not self.shrink >= 0:
+            raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
+        self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft = {}, {}
-        self._seeded_target, self._seeded_draft, self._stretch = {}, {}, {}
+        self._seeded_target, self._seeded_draft, self._calibrated, self._stretch = {}, {}, {}, {}
 
     # ---- estimates
 
     def alphas(self) -> list[float]:
         """Per-position conditional acceptance; a position's prior is the estimate of the one
-        before it (prior_alpha for the first), so an unverified position borrows it."""
+        before it (prior_alpha for the first), so an unverified position borrows it, and past the
+        first it is pulled toward the first's by `shrink` betas (a pull toward the one before
+        compounded: two lucky betas at depth 4 lifted depths 5-8 to 0.95)."""
         out: list[float] = []
         for mean in self._alpha:  # clamped: a float32 beta of a certain token can read 1 + 1e-7
-            out.append(min(max(mean.get(out[-1] if out else self.prior_alpha), 0.0), 1.0))
+            out.append(min(max(mean.get(out[-1] if out else self.prior_alpha, out[0] if out else None), 0.0), 1.0))
         return out
 
     def target_seconds(self, n: int) -> float | None:
@@ -202,21 +214,22 @@ class AdaptiveLength:
         return _draft_time({key: mean.get() for key, mean in self._draft.items()}, batch, k)
 
     def calibrated_seconds(self, batch: int, k: int) -> float:
-        """An iteration's seconds at this batch size and k by the calibration alone (seed_costs)."""
-        t = _positions_time(self._seeded_target, batch * (k + 1), self._prior_ratio)
-        return t + _draft_time(self._seeded_draft, batch, k) if k else t
+        """An iteration's seconds at this batch size and k by the calibration alone (seed_costs):
+        for k >= 1 the least-squares line over k = 1..k_max of its times at this batch size (three
+        passes per point on a busy machine are 5-10% apart; a bump at one k made the choice jump)."""
+        if batch not in self._calibrated:
+            raw = [_positions_time(self._seeded_target, batch * (j + 1), self._prior_ratio) for j in range(self.k_max + 1)]
+            raw[1:] = _fitted_line([t + _draft_time(self._seeded_draft, batch, j) for j, t in enumerate(raw) if j])
+            self._calibrated[batch] = raw
+        return self._calibrated[batch][k]
 
     def stretch(self, k: int) -> float:
         """How much longer passes at draft length k take in service than the calibration said:
-        the median of the last 3 * recent ratios at any batch size (a calibration runs alone; a
-        server's passes share the cores with its HTTP threads, and that costs drafting passes
-        more). A k not run since borrows the nearest drafting k's (plain: 1)."""
-        if k in self._stretch:
-            return self._stretch[k].get()
-        drafting = [j for j in self._stretch if j > 0]
-        if k == 0 or not drafting:
-            return 1.0
-        return self._stretch[min(drafting, key=lambda j: (abs(j - k), -j))].get()
+        the median of the last 3 * recent ratios of plain passes (k = 0) or of drafting passes
+        (any k > 0, pooled: a k seldom run would otherwise rest on one pass), at any batch size
+        (a calibration runs at a short context without HTTP traffic); 1 before any."""
+        recent = self._stretch.get(k > 0)
+        return recent.get() if recent is not None else 1.0
 
     def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
         """(alphas, c, r(1..k_max+1)) for the refined model at this batch size, or None before
@@ -270,7 +283,7 @@ class AdaptiveLength:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
         if self._seeded_target and not catch_up:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
-            self._stretch.setdefault(k, _Recent(3 * self.recent)).add(ratio)
+            self._stretch.setdefault(k > 0, _Recent(3 * self.recent)).add(ratio)
         self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
         if k == 0:
             self._since_draft += 1
@@ -290,6 +303,7 @@ class AdaptiveLength:
         pass, t_draft by (batch, k); each counts as one observation, acceptance is untouched."""
         self._seeded_target.update(target)
         self._seeded_draft.update(draft)
+        self._calibrated.clear()
 
 
 def _speedups(alphas: list[float], c: float, r: list[float], k_max: int) -> list[float]:
@@ -305,6 +319,16 @@ def shortest_near_best(speedups: list[float], tolerance: float) -> int:
     were within 10% of plain while the plain argmax drafted longer and lost 15-40%."""
     top = max(speedups)
     return next(k for k, s in enumerate(speedups) if s >= (1 - tolerance) * top)
+
+
+def _fitted_line(values: list[float]) -> list[float]:
+    """The least-squares line through (1, values[0]), (2, values[1]), ... at those points; flat
+    (the mean) if it falls: a pass proposing more tokens does not take less time."""
+    n = len(values)
+    mean_x, mean_t = (n + 1) / 2, sum(values) / n
+    spread = sum((x - mean_x) ** 2 for x in range(1, n + 1))
+    slope = max(sum((x - mean_x) * (t - mean_t) for x, t in enumerate(values, 1)) / spread, 0.0) if n > 1 else 0.0
+    return [mean_t + slope * (x - mean_x) for x in range(1, n + 1)]
 
 
 def _positions_time(table: dict[int, float], n: int, prior_ratio) -> float | None:
