@@ -127,6 +127,33 @@ def test_a_draft_too_slow_to_ever_pay_is_not_probed():
     assert sum(k > 0 for k in slow_chosen[8:]) == 0 and sum(k > 0 for k in bad_chosen[8:]) >= 8, (slow_chosen, bad_chosen)
 
 
+def test_probes_that_find_drafting_still_does_not_pay_come_less_often_until_it_does():
+    """32 rows whose pass is compute-bound enough that drafting pays only if nearly every
+    proposal were accepted (S(1) = 0.93 at acceptance 0.75, 1.06 at 1): after the first 16 betas
+    the policy probes k = 1 after 16 plain passes, then 32, 64, and then every 128 (8 *
+    probe_every; a policy whose gap stayed at probe_every, the negative control, gives 16s).
+    Then a single row, where drafting pays: the policy drafts. Back at 32 rows the first probe
+    comes within 16 plain passes again, not 128."""
+    t_target = lambda n: 0.2 + n / 30  # noqa: E731
+    policy = _calibrated(t_target, lambda b: 0.05)
+
+    def feed(batch: int, iterations: int) -> list[int]:
+        chosen = []
+        for _ in range(iterations):
+            k = policy.choose(batch)
+            chosen.append(k)
+            policy.observe(k, [0.75 * batch] * k, [batch] * k, k * 0.05, t_target(batch * (k + 1)), batch)
+        return chosen
+
+    chosen = feed(32, 600)
+    probes = [i for i, k in enumerate(chosen) if k > 0][16:]  # past the evidence phase
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:4] == [32, 64, 128, 128] and set(chosen) == {0, 1}, gaps
+    assert feed(1, 30)[-10:].count(0) == 0
+    chosen = feed(32, 40)
+    assert 0 < chosen.index(1, chosen.index(0)) - chosen.index(0) <= 16, chosen
+
+
 def test_a_drafting_pass_that_catches_up_does_not_count_as_the_drafts_cost():
     """A model draft's first pass reads the whole prompt, and a pass after plain passes reads
     every token since: a slow pass that must not make the policy think drafting is dear."""

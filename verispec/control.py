@@ -8,6 +8,7 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
   acceptance probability; lower variance than counting accepts), past the first position
   pulled toward the first's estimate by `shrink` betas (deep positions are verified seldom);
+  they age during plain passes too, so that a long back-off ends with a fresh look;
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
   measured) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
@@ -26,8 +27,10 @@ k, so that a batch size or k seldom seen still learns from the others; a server'
 at longer contexts than the calibration's, beside HTTP work).
 Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
-verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 every
-`probe_every` iterations so that it notices when drafting pays again, unless the costs alone
+verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 after
+`probe_every` plain iterations so that it notices when drafting pays again (and after twice as
+many after each probe that finds it still does not pay, up to 8 times: at 32 rows a probe
+costs two plain passes, since the draft first reads every token since its last pass), unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
 since its last pass, for nothing). The draft's cost
@@ -99,11 +102,11 @@ class _Mean:
         self.weight = self.decay * self.weight + weight
         self.prior_weight = self.prior_weight / 2 if self.prior_weight > 0.01 else 0.0  # gone after ~8: a plain mean again
 
-    def fade(self) -> None:
-        """An iteration without an observation: old evidence counts less (four times faster than
-        evidence that keeps coming, so that an estimate left behind is soon questioned again)."""
-        self.total *= self.decay**4
-        self.weight *= self.decay**4
+    def fade(self, power: int = 4) -> None:
+        """An iteration without an observation: old evidence counts less (by default four times
+        faster than evidence that keeps coming, so that an estimate left behind is soon questioned again)."""
+        self.total *= self.decay**power
+        self.weight *= self.decay**power
 
     def get(self, default: float, anchor: float | None = None) -> float:
         prior = max(self.prior_weight, 1.0 - self.weight)  # evidence faded below one observation: the default returns
@@ -152,6 +155,7 @@ class AdaptiveLength:
     _calibrated: dict[int, list[float]] = field(init=False, repr=False)  # calibrated_seconds by batch size, k = 0..k_max
     _stretch: dict[bool, _Recent] = field(init=False, repr=False)  # by drafting or not: a pass's seconds / the calibration's
     _since_draft: int = field(init=False, default=0)
+    _probe_gap: int = field(init=False, default=0)  # plain passes before the next probe: probe_every, doubled by each probe that finds drafting still does not pay (at most 8 times)
     _drafted: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +179,7 @@ class AdaptiveLength:
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
         if not self.shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
+        self._probe_gap = self.probe_every
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft = {}, {}
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch = {}, {}, {}, {}
@@ -270,14 +275,19 @@ class AdaptiveLength:
         timed = [j for b, j in self._draft if b == batch]
         if 0 < best < self.k_max and timed == [best] and not self._seeded_target:
             return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
-        probing = self._alpha[0].count < self.min_evidence or self._since_draft + 1 >= self.probe_every
-        if best == 0 and probing:
+        if best > 0:
+            self._probe_gap = self.probe_every
+            return best
+        due = self._since_draft + 1 >= self._probe_gap
+        if self._alpha[0].count < self.min_evidence or due:
             # too few betas to give up on drafting (greedy betas are 0 or 1: two early rejections
             # say little), or time to probe: has acceptance risen? Not when even a draft that is
             # always accepted could not pay at this c and r(n): acceptance is not the question then.
             if refined_optimal_k([1.0] * self.k_max, c, r, k_max=self.k_max)[0] > 0:
+                if due:  # the next probe waits twice as long, unless this one finds drafting pays again
+                    self._probe_gap = min(2 * self._probe_gap, 8 * self.probe_every)
                 return 1
-        return best
+        return 0
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
@@ -285,8 +295,10 @@ class AdaptiveLength:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
             self._stretch.setdefault(k > 0, _Recent(3 * self.recent)).add(ratio)
         self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
-        if k == 0:
+        if k == 0:  # acceptance unobserved: its estimates age as if observed (a long back-off ends in a fresh look)
             self._since_draft += 1
+            for mean in self._alpha:
+                mean.fade(power=1)
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
             self._draft.setdefault((batch, k), _Recent(self.recent)).add(draft_s)
