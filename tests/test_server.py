@@ -489,8 +489,9 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
 
 def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
     """Three rounds at one level: 'auto' serves 100 tokens/s every round; 'a', 'b' and 'c' 90,
-    each but in the round where it happens to serve 120. By medians auto is 100 / 90 of the best
-    other mode; by rounds, where some rival is at 120 in every round, 100 / 120."""
+    each but in the round where it happens to serve 120. Against the best other mode by median
+    ('a', the first of three alike), round by round, auto is at the median of 100/120, 100/90,
+    100/90: 100/90; against the fastest other of each round (some rival at 120 in every round), 100/120."""
     from verispec.server.loadgen import Level, summarize
 
     def level(mode: str, throughput: float) -> Level:
