@@ -272,11 +272,11 @@ class AdaptiveLength:
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
         best = shortest_near_best(_speedups(alphas, c, r, self.k_max), self.tolerance)
-        timed = [j for b, j in self._draft if b == batch]
-        if 0 < best < self.k_max and timed == [best] and not self._seeded_target:
-            return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
-        if best > 0:
+        if best > 0:  # drafting pays: once it stops, the first probe comes after probe_every plain passes
             self._probe_gap = self.probe_every
+            timed = [j for b, j in self._draft if b == batch]
+            if best < self.k_max and timed == [best] and not self._seeded_target:
+                return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
             return best
         due = self._since_draft + 1 >= self._probe_gap
         if self._alpha[0].count < self.min_evidence or due:
@@ -333,14 +333,22 @@ def shortest_near_best(speedups: list[float], tolerance: float) -> int:
     return next(k for k, s in enumerate(speedups) if s >= (1 - tolerance) * top)
 
 
+def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through two or more (x, t) points."""
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = sum((x - mean_x) * (t - mean_t) for x, t in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_t - slope * mean_x, slope
+
+
 def _fitted_line(values: list[float]) -> list[float]:
     """The least-squares line through (1, values[0]), (2, values[1]), ... at those points; flat
     (the mean) if it falls: a pass proposing more tokens does not take less time."""
-    n = len(values)
-    mean_x, mean_t = (n + 1) / 2, sum(values) / n
-    spread = sum((x - mean_x) ** 2 for x in range(1, n + 1))
-    slope = max(sum((x - mean_x) * (t - mean_t) for x, t in enumerate(values, 1)) / spread, 0.0) if n > 1 else 0.0
-    return [mean_t + slope * (x - mean_x) for x in range(1, n + 1)]
+    points = list(enumerate(values, 1))
+    fixed, slope = _least_squares(points) if len(points) > 1 else (values[0], 0.0)
+    if slope < 0:
+        return [sum(values) / len(values)] * len(values)
+    return [fixed + slope * x for x, _ in points]
 
 
 def _positions_time(table: dict[int, float], n: int, prior_ratio) -> float | None:
@@ -393,8 +401,5 @@ def _line(points: list[tuple[int, float]], k: int) -> float:
     per_token = sum(t for _, t in points) / sum(j for j, _ in points)
     if len(points) < 2:
         return per_token * k
-    mean_k = sum(j for j, _ in points) / len(points)
-    mean_t = sum(t for _, t in points) / len(points)
-    slope = sum((j - mean_k) * (t - mean_t) for j, t in points) / sum((j - mean_k) ** 2 for j, _ in points)
-    fixed = mean_t - slope * mean_k
+    fixed, slope = _least_squares(points)
     return fixed + slope * k if slope > 0 and fixed >= 0 else per_token * k
