@@ -28,6 +28,7 @@ from verispec.theory import (
     optimal_k,
     refined_optimal_k,
     refined_speedup,
+    refined_speedups,
     speedup,
     verification_cost_curve,
 )
@@ -308,6 +309,7 @@ def test_refined_optimal_k_is_the_first_argmax(alphas, c, data):
     r = data.draw(cost_curves(len(alphas) + 1))
     best, s = refined_optimal_k(alphas, c, r)
     speedups = [refined_speedup(alphas[:k], c, r) for k in range(len(alphas) + 1)]
+    assert refined_speedups(alphas, c, r) == speedups  # the policy's one-call form, bit for bit
     assert speedups[0] == 1.0
     assert s == speedups[best] == max(speedups)
     assert all(earlier < s for earlier in speedups[:best])
@@ -333,6 +335,11 @@ def test_refined_optimal_k_limits():
         refined_optimal_k(alphas, 0.01, lambda n: 1.0, k_max=7)
     with pytest.raises(ValueError, match=r"^r\b"):
         refined_speedup(alphas, 0.01, r)  # r covers n <= 4 only, k + 1 = 7
+    assert len(refined_speedups(alphas, 0.01, r)) == 4 and len(refined_speedups(alphas, 0.01, r, k_max=2)) == 3
+    with pytest.raises(ValueError, match=r"^k_max\b"):
+        refined_speedups(alphas, 0.01, r, k_max=4)
+    with pytest.raises(ValueError, match=r"^alphas\[1\]"):
+        refined_speedups([0.5, 1.5], 0.01, lambda n: 1.0)
 
 
 def test_refined_model_prefers_a_short_draft_when_late_positions_are_rarely_accepted():

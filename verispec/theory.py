@@ -9,7 +9,7 @@ Owns the arithmetic that predicts how fast speculation is, and which draft lengt
 - the refined model, as measured: per-position conditional acceptance alpha_1..alpha_k and a
   verification-cost curve r(n) = t_target(n) / t_target(1) (`verification_cost_curve`):
   S(k) = (1 + sum_{i<=k} prod_{j<=i} alpha_j) / (k*c + r(k+1))
-  (`expected_tokens_per_position`, `refined_speedup`, `refined_optimal_k`, `CostModel`);
+  (`expected_tokens_per_position`, `refined_speedup`, `refined_speedups`, `refined_optimal_k`, `CostModel`);
   `mixed_speedup` when some passes propose fewer than k tokens.
 E counts the recovered or bonus token, so it lies in 1..k+1. k = 0 is plain decoding, S = 1.
 S < 1 is the model's way of saying "back off": alpha low, c large, or r(n) growing like n
@@ -181,6 +181,28 @@ def mixed_speedup(alphas: Sequence[float], c: float, r: CostCurve, shares: Seque
     return tokens / cost
 
 
+def refined_speedups(alphas: Sequence[float], c: float, r: CostCurve, k_max: int | None = None) -> list[float]:
+    """[S(0), S(1), ..., S(k_max)], S(k) = (1 + sum_{i<=k} prod_{j<=i} alpha_j) / (k*c + r(k+1)),
+    validated once (a policy asks before every pass). Each S(k) equals refined_speedup(alphas[:k],
+    c, r), bit for bit. k_max defaults to the largest k that both alphas and a sequence r cover,
+    min(len(alphas), len(r) - 1), and may not exceed either."""
+    alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
+    longest = len(alphas) if callable(curve) else min(len(alphas), len(curve) - 1)
+    if k_max is None:
+        k_max = longest
+    else:
+        k_max = _count("k_max", k_max)
+        _check(k_max <= len(alphas), "k_max", k_max, f"<= len(alphas) = {len(alphas)}")
+        _check(k_max <= longest, "k_max", k_max, f"<= len(r) - 1 = {longest}")
+    speedups = [1.0 / _cost(curve, 1)]
+    tokens, accepted = 1.0, 1.0  # the same operations, in the same order, as _tokens_per_pass
+    for k in range(1, k_max + 1):
+        accepted *= alphas[k - 1]
+        tokens += accepted
+        speedups.append(tokens / (k * c + _cost(curve, k + 1)))
+    return speedups
+
+
 def refined_optimal_k(
     alphas: Sequence[float], c: float, r: CostCurve, k_max: int | None = None
 ) -> tuple[int, float]:
@@ -191,23 +213,9 @@ def refined_optimal_k(
     defaults to the largest k that both alphas and a sequence r cover, min(len(alphas),
     len(r) - 1), and may not exceed either. S(k*) equals refined_speedup(alphas[:k*], c, r).
     """
-    alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
-    longest = len(alphas) if callable(curve) else min(len(alphas), len(curve) - 1)
-    if k_max is None:
-        k_max = longest
-    else:
-        k_max = _count("k_max", k_max)
-        _check(k_max <= len(alphas), "k_max", k_max, f"<= len(alphas) = {len(alphas)}")
-        _check(k_max <= longest, "k_max", k_max, f"<= len(r) - 1 = {longest}")
-    best_k, best_s = 0, 1.0 / _cost(curve, 1)
-    tokens, accepted = 1.0, 1.0  # the same operations, in the same order, as _tokens_per_pass
-    for k in range(1, k_max + 1):
-        accepted *= alphas[k - 1]
-        tokens += accepted
-        s = tokens / (k * c + _cost(curve, k + 1))
-        if s > best_s:
-            best_k, best_s = k, s
-    return best_k, best_s
+    speedups = refined_speedups(alphas, c, r, k_max)
+    best_k = max(range(len(speedups)), key=lambda k: (speedups[k], -k))
+    return best_k, speedups[best_k]
 
 
 @dataclass(frozen=True)
