@@ -22,7 +22,7 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.checkpoint import CheckpointError, load_pretrained, load_tokenizer
 from verispec.models.gguf_convert import cached_gguf, convert
-from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, unavailable
+from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, _llama, unavailable
 from verispec.models.toy import make_toy_pair
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.sampling import RowSampling
@@ -113,6 +113,30 @@ def test_rows_on_sequences_out_of_order_give_each_row_its_own_results(toy_model)
     assert torch.equal(argmax, argmax2) and torch.equal(drafted, drafted2)
 
 
+def test_rows_with_gaps_between_their_sequences_leave_the_gaps_as_they_were(toy_model):
+    """Rows on sequences 0, 2 and 5 (rows 1, 3 and 4 left; sequence 3 holds a prompt being
+    read): each missing sequence gets one placeholder token after its last cell, so that
+    llama.cpp runs one ubatch instead of one per run of consecutive ids (`_fill_gaps`). The
+    rows' logits equal those on sequences 0, 1, 2, and the placeholders' cells are gone after
+    the pass: every missing sequence ends where it did."""
+    prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103, 104]]
+    new = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    plain = toy_model.new_cache(3, 64)
+    toy_model.prefill(prompts, plain)
+    expected = toy_model(new, plain)
+    cache = toy_model.new_cache(6, 64)
+    toy_model.prefill([prompts[0], [8], prompts[1], [9], [10], prompts[2]], cache)
+    cache.keep_rows([0, 2, 5])
+    context = cache.context
+    context.decode(np.array([11, 12, 13]), np.arange(3), np.array([3, 3, 3]), False)
+    gaps, positions = context._fill_gaps(np.repeat([0, 2, 5], 3))
+    assert gaps.tolist() == [1, 3, 4] and positions.tolist() == [0, 3, 0]
+    assert context._fill_gaps(np.array([2, 3, 3, 4])) is None and context._fill_gaps(np.array([1])) is None
+    assert torch.allclose(toy_model(new, cache), expected, atol=1e-3, rtol=0)
+    last = [_llama().llama_memory_seq_pos_max(context.memory, seq) for seq in (1, 3, 4)]
+    assert last == [-1, 2, -1]
+
+
 def test_logits_equal_the_pytorch_model_on_the_same_weights(toy, toy_model, toy_model_f32_kv):
     ids = torch.tensor([[5, 9, 200, 31, 7, 44, 3, 8, 250, 0, 12]])
     with torch.no_grad():
@@ -161,7 +185,7 @@ def test_greedy_continuation_equals_the_forward_and_argmax_loop(toy_model):
     fed = [prompt + tokens + drafted[row, :3].tolist() for row, (prompt, tokens) in enumerate(zip(prompts, pending))]
     assert cache.host_lengths == [len(f) for f in fed]
     nxt = torch.tensor([[1], [2], [3]])
-    assert torch.allclose(toy_model(nxt, cache), _fresh(toy_model, fed, nxt), atol=1e-5, rtol=0)
+    assert torch.allclose(toy_model(nxt, cache), _fresh(toy_model, fed, nxt), atol=1e-3, rtol=0)  # 2e-4 apart on an AVX2-only machine (other ubatch shapes)
 
 
 def test_greedy_continuation_stops_after_the_first_unsure_token(toy_model):
