@@ -146,7 +146,7 @@ def test_probes_that_find_drafting_still_does_not_pay_come_less_often_until_it_d
         return chosen
 
     chosen = feed(32, 600)
-    probes = [i for i, k in enumerate(chosen) if k > 0][16:]  # past the evidence phase
+    probes = [i for i, k in enumerate(chosen) if k > 0][1:]  # past the evidence phase: one pass of 32 betas
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[:4] == [32, 64, 128, 128] and set(chosen) == {0, 1}, gaps
     assert feed(1, 30)[-10:].count(0) == 0
@@ -402,3 +402,22 @@ def test_a_few_slow_plain_passes_do_not_make_plain_look_dear():
 
     assert choice(AdaptiveLength.recent) == 0
     assert choice(1) >= 1
+
+
+def test_the_evidence_before_backing_off_counts_betas_over_all_rows():
+    """A draft step costs half a plain pass: at acceptance 0.3 drafting does not pay at 1 or 32
+    rows, though it would if every proposal were accepted. A fresh policy drafts one token until
+    the first position has `min_evidence` betas: at 32 rows one pass gives 32 (one k = 1 pass,
+    then plain for 15); at one row every one of the 16 passes drafts."""
+    def drafting_passes(batch: int) -> int:
+        t_target = lambda n: max(1.0, n / 48)  # noqa: E731
+        policy = _calibrated(t_target, lambda b: 0.5)
+        drafted = 0
+        for _ in range(16):
+            k = policy.choose(batch=batch)
+            drafted += k > 0
+            policy.observe(k, [0.3 * batch] * k, [batch] * k, 0.5 * k, t_target(batch * (k + 1)), batch=batch)
+        return drafted
+
+    assert drafting_passes(32) == 1
+    assert drafting_passes(1) == 16 == AdaptiveLength.min_evidence

@@ -28,7 +28,8 @@ at longer contexts than the calibration's, beside HTTP work), and one over both,
 seen fewer than `recent` times.
 Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
-verified `min_evidence` times (before that it drafts one token); the policy then probes k = 1 after
+verified `min_evidence` times over all rows (before that it drafts one token; a fresh server
+at 32 rows had drafted for 16 passes, at two plain passes' cost each, when it counted passes); the policy then probes k = 1 after
 `probe_every` plain iterations so that it notices when drafting pays again (and after twice as
 many after each probe that finds it still does not pay, up to 8 times: at 32 rows a probe
 costs two plain passes, since the draft first reads every token since its last pass), unless the costs alone
@@ -141,7 +142,7 @@ class AdaptiveLength:
     prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
     #                            one greedy rejection (beta 0) at the start does not stop drafting
     shrink: float = 4.0  # positions past the first always count the first's estimate as this many betas
-    min_evidence: int = 16  # betas at the first position before the policy stops drafting altogether (8 greedy
+    min_evidence: int = 16  # betas at the first position, over all rows, before the policy stops drafting altogether (8 greedy
     #                         betas, each 0 or 1, could not tell 0.4 from 0.7: a fresh server backed off on a prompt k = 3 served at 2.1 tokens a pass)
     prior_c: float | None = None  # from a cost profile: used until a draft pass is timed
     prior_r: tuple[float, ...] | None = None  # r(1..): the shape of t_target(n) until it is measured
@@ -158,6 +159,7 @@ class AdaptiveLength:
     _since_draft: int = field(init=False, default=0)
     _probe_gap: int = field(init=False, default=0)  # plain passes before the next probe: probe_every, doubled by each probe that finds drafting still does not pay (at most 8 times)
     _drafted: bool = field(init=False, default=False)
+    _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
 
     def __post_init__(self) -> None:
         if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
@@ -286,7 +288,7 @@ class AdaptiveLength:
                 return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
             return best
         due = self._since_draft + 1 >= self._probe_gap
-        if self._alpha[0].count < self.min_evidence or due:
+        if self._first_betas < self.min_evidence or due:
             # too few betas to give up on drafting (greedy betas are 0 or 1: two early rejections
             # say little), or time to probe: has acceptance risen? Not when even a draft that is
             # always accepted could not pay at this c and r(n): acceptance is not the question then.
@@ -311,6 +313,7 @@ class AdaptiveLength:
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
             self._draft.setdefault((batch, k), _Recent(self.recent)).add(draft_s)
         self._since_draft, self._drafted = 0, True
+        self._first_betas += verified[0] if verified else 0
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0
             if count:
