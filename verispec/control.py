@@ -271,7 +271,7 @@ class AdaptiveLength:
         inputs = self._model_inputs(batch)
         if inputs is None:
             return []
-        return _speedups(*inputs, self.k_max)
+        return refined_speedups(*inputs, self.k_max)
 
     # ---- the policy
 
@@ -280,7 +280,7 @@ class AdaptiveLength:
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
-        best = shortest_near_best(_speedups(alphas, c, r, self.k_max), self.tolerance)
+        best = shortest_near_best(refined_speedups(alphas, c, r, self.k_max), self.tolerance)
         if best > 0:  # drafting pays: once it stops, the first probe comes after probe_every plain passes
             self._probe_gap = self.probe_every
             timed = [j for b, j in self._draft if b == batch]
@@ -327,11 +327,6 @@ class AdaptiveLength:
         self._seeded_target.update(target)
         self._seeded_draft.update(draft)
         self._calibrated.clear()
-
-
-def _speedups(alphas: list[float], c: float, r: list[float], k_max: int) -> list[float]:
-    """The refined model's S(k) for k = 0..k_max (S(0) = 1)."""
-    return refined_speedups(alphas, c, r, k_max)
 
 
 def shortest_near_best(speedups: list[float], tolerance: float) -> int:

@@ -207,8 +207,7 @@ class _Context:
         filled = self._fill_gaps(seqs)
         if filled is not None:  # one placeholder token per missing sequence: one ubatch, not one per run
             gaps, gap_positions = filled
-            count = len(tokens)
-            outputs = np.concatenate([np.full(count, outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(gaps), bool)])
+            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(gaps), bool)])
             tokens = np.concatenate([tokens, np.zeros(len(gaps), tokens.dtype)])
             positions, seqs = np.concatenate([positions, gap_positions]), np.concatenate([seqs, gaps])
         order = _by_sequence(seqs)
