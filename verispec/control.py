@@ -22,10 +22,12 @@ iteration. A calibration (profiler.calibrate: medians of real passes at every ba
 k, `seed_costs`, as the server runs before its first request) replaces both tables: its
 iteration times, smoothed by a line over k = 1..k_max at each batch size, give the shape over
 batch sizes and k, multiplied by the `stretch`, the median ratio of passes in service to the
-calibration's, one for plain passes and one for drafting passes (pooled over batch sizes and
-k, so that a batch size or k seldom seen still learns from the others; a server's passes run
-at longer contexts than the calibration's, beside HTTP work), and one over both, used for a kind
-seen fewer than `recent` times.
+calibration's, one for plain passes and one for drafting passes (pooled over k), at the batch
+size once it has seen `recent` passes of the kind, else pooled over batch sizes (so that a batch
+size or k seldom seen still learns from the others; a server's passes run at longer contexts
+than the calibration's, beside HTTP work), and one over both, used for a kind seen fewer than
+`recent` times. Where drafting is predicted to gain less than `explore`, the calibration's
+shape decides, so plain passes are measured at that batch size (`_plain_due`).
 Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
 verified `min_evidence` times over all rows (before that it drafts one token; a fresh server
@@ -155,7 +157,10 @@ class AdaptiveLength:
     _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
     _seeded_draft: dict[tuple[int, int], float] = field(init=False, repr=False)  # its t_draft, by (batch, k)
     _calibrated: dict[int, list[float]] = field(init=False, repr=False)  # calibrated_seconds by batch size, k = 0..k_max
-    _stretch: dict[bool | None, _Recent] = field(init=False, repr=False)  # by drafting or not (None: both): a pass's seconds / the calibration's
+    _stretch: dict[bool | None | tuple[int, bool], _Recent] = field(init=False, repr=False)  # by drafting or not (None: both), also
+    #                                                             by (batch, drafting): a pass's seconds / the calibration's
+    explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
+    _drafted_at: dict[int, int] = field(init=False, repr=False)  # drafting passes at each batch size since its last plain one
     _since_draft: int = field(init=False, default=0)
     _probe_gap: int = field(init=False, default=0)  # plain passes before the next probe: probe_every, doubled by each probe that finds drafting still does not pay (at most 8 times)
     _drafted: bool = field(init=False, default=False)
@@ -185,7 +190,7 @@ class AdaptiveLength:
         self._probe_gap = self.probe_every
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft = {}, {}
-        self._seeded_target, self._seeded_draft, self._calibrated, self._stretch = {}, {}, {}, {}
+        self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at = {}, {}, {}, {}, {}
 
     # ---- estimates
 
@@ -231,18 +236,22 @@ class AdaptiveLength:
             self._calibrated[batch] = raw
         return self._calibrated[batch][k]
 
-    def stretch(self, k: int) -> float:
+    def stretch(self, k: int, batch: int | None = None) -> float:
         """How much longer passes at draft length k take in service than the calibration said:
         the median of the last 3 * recent ratios of plain passes (k = 0) or of drafting passes
-        (any k > 0, pooled: a k seldom run would otherwise rest on one pass), at any batch size
-        (a calibration runs at a short context without HTTP traffic); until a kind has run
-        `recent` passes, the median over both kinds (the first plain passes of a server, after
-        joins, took 1.5-1.9 times the calibration's at 16 rows while steady ones took 1.06, as
-        drafting ones did: two such passes made plain look dear and the policy drafted at a loss);
-        1 before any."""
-        own, pooled = self._stretch.get(k > 0), self._stretch.get(None)
-        if own is not None and own.count >= self.recent:
-            return own.get()
+        (any k > 0, pooled: a k seldom run would otherwise rest on one pass), at this batch size
+        once `recent` passes of the kind ran there (the calibration's shape over batch sizes
+        was off: drafting passes took 0.85-0.93 of it at one row and 1.04 at 8), else at any
+        batch size (a calibration runs at a short context without HTTP traffic); until a kind
+        has run `recent` passes, the median over both kinds (the first plain passes of a
+        server, after joins, took 1.5-1.9 times the calibration's at 16 rows while steady ones
+        took 1.06, as drafting ones did: two such passes made plain look dear and the policy
+        drafted at a loss); 1 before any."""
+        for key in ((batch, k > 0), k > 0):
+            seen = self._stretch.get(key)
+            if seen is not None and seen.count >= self.recent:
+                return seen.get()
+        pooled = self._stretch.get(None)
         return pooled.get() if pooled is not None else 1.0
 
     def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
@@ -252,7 +261,7 @@ class AdaptiveLength:
         The drafting pass's time is folded into r(k + 1) (in units of t_target(batch)) and c is 0:
         a draft's cost per row falls with the batch size, which a constant c cannot say."""
         if self._seeded_target:  # calibrated: its shape over batch sizes and k, scaled by what passes take in service
-            t = [self.calibrated_seconds(batch, k) * self.stretch(k) for k in range(self.k_max + 1)]
+            t = [self.calibrated_seconds(batch, k) * self.stretch(k, batch) for k in range(self.k_max + 1)]
             return self.alphas(), 0.0, [x / t[0] for x in t]
         t1 = self.target_seconds(batch)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
@@ -280,9 +289,12 @@ class AdaptiveLength:
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
-        best = shortest_near_best(refined_speedups(alphas, c, r, self.k_max), self.tolerance)
+        speedups = refined_speedups(alphas, c, r, self.k_max)
+        best = shortest_near_best(speedups, self.tolerance)
         if best > 0:  # drafting pays: once it stops, the first probe comes after probe_every plain passes
             self._probe_gap = self.probe_every
+            if speedups[best] < 1 + self.explore and self._plain_due(batch):
+                return 0
             timed = [j for b, j in self._draft if b == batch]
             if best < self.k_max and timed == [best] and not self._seeded_target:
                 return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
@@ -298,13 +310,25 @@ class AdaptiveLength:
                 return 1
         return 0
 
+    def _plain_due(self, batch: int) -> bool:
+        """Where drafting is predicted to pay by less than `explore`, an error in the calibration's
+        shape decides (at 8 rows it predicted 1.14 where drafting ran at 1.01 of plain): plain
+        passes are measured at this batch size until `recent` of them give it its own stretch,
+        then one after every `probe_every` drafting passes there (a plain pass costs at most
+        `explore` of one, and the draft reads one token more the pass after)."""
+        if not self._seeded_target:
+            return False
+        plain = self._stretch.get((batch, False))
+        return plain is None or plain.count < self.recent or self._drafted_at.get(batch, 0) >= self.probe_every
+
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
         if self._seeded_target and not catch_up:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
-            for kind in (k > 0, None):  # None: both kinds
+            for kind in (k > 0, None, (batch, k > 0)):  # None: both kinds
                 self._stretch.setdefault(kind, _Recent(3 * self.recent)).add(ratio)
         self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
+        self._drafted_at[batch] = self._drafted_at.get(batch, 0) + 1 if k else 0
         if k == 0:  # acceptance unobserved: its estimates age as if observed (a long back-off ends in a fresh look)
             self._since_draft += 1
             for mean in self._alpha:
