@@ -471,3 +471,22 @@ def test_where_drafting_looks_marginal_plain_passes_are_measured_at_that_batch_s
     assert explored[:AdaptiveLength.recent] == [0] * AdaptiveLength.recent
     assert explored[-60:].count(0) >= 56, explored
     assert serve(0.0) == [1] * 120
+
+
+def test_iteration_times_measured_in_service_replace_the_calibrations_line():
+    """The calibration's line over k rises 0.45 a drafted token at 2 rows; in service an
+    iteration rises 0.25 (measured at 2 rows: 6.8 ms against 5). At acceptance 0.7 the line
+    makes k = 1 look best (S 1.17 against 1.15 at k = 2); in service k = 2 gives 1.46 against
+    1.36. After plain, k = 1 and k = 2 have each run `recent` times the policy takes k = 2; the
+    negative control, which never trusts so few (recent = 100), keeps the line's k = 1."""
+    def choice(recent: int) -> int:
+        policy = _calibrated(lambda n: 1.0, lambda b: 0.45)
+        policy.recent, policy.explore = recent, 0.0
+        for _ in range(9):
+            policy.observe(0, [], [], 0.0, 1.0, batch=2)
+        for k in [1] * 10 + [2] * 10:
+            policy.observe(k, [0.7 * 2] * k, [2] * k, 0.25 * k, 1.0, batch=2)
+        return policy.choose(batch=2)
+
+    assert choice(AdaptiveLength.recent) == 2
+    assert choice(100) == 1

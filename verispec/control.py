@@ -26,8 +26,10 @@ calibration's, one for plain passes and one for drafting passes (pooled over k),
 size once it has seen `recent` passes of the kind, else pooled over batch sizes (so that a batch
 size or k seldom seen still learns from the others; a server's passes run at longer contexts
 than the calibration's, beside HTTP work), and one over both, used for a kind seen fewer than
-`recent` times. Where drafting is predicted to gain less than `explore`, the calibration's
-shape decides, so plain passes are measured at that batch size (`_plain_due`).
+`recent` times; but where a (batch size, k) has run `recent` iterations lately, their median
+(`service_seconds`: the calibration's line over k misses the steps of real passes). Where
+drafting is predicted to gain less than `explore`, the calibration's shape decides, so plain
+passes are measured at that batch size (`_plain_due`).
 Without either it starts with one plain pass and one k = 4 pass to measure.
 k = 0 (plain decoding) is chosen when nothing beats 1, once the first position has been
 verified `min_evidence` times over all rows (before that it drafts one token; a fresh server
@@ -124,11 +126,11 @@ class _Recent:
 
     def __init__(self, size: int):
         self.values: deque[float] = deque(maxlen=size)
-        self.count = 0  # observations ever
+        self.count, self.at = 0, 0  # observations ever; when the latest came (the caller's count)
 
-    def add(self, value: float) -> None:
+    def add(self, value: float, at: int = 0) -> None:
         self.values.append(value)
-        self.count += 1
+        self.count, self.at = self.count + 1, at
         self._median = statistics.median(self.values)  # once per observation: `get` runs for every key on every choice
 
     def get(self, default: float = 0.0) -> float:
@@ -161,6 +163,8 @@ class AdaptiveLength:
     #                                                             by (batch, drafting): a pass's seconds / the calibration's
     explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
     _drafted_at: dict[int, int] = field(init=False, repr=False)  # drafting passes at each batch size since its last plain one
+    _iteration: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # an iteration's seconds in service, by (batch, k)
+    _passes: int = field(init=False, default=0)
     _since_draft: int = field(init=False, default=0)
     _probe_gap: int = field(init=False, default=0)  # plain passes before the next probe: probe_every, doubled by each probe that finds drafting still does not pay (at most 8 times)
     _drafted: bool = field(init=False, default=False)
@@ -190,7 +194,7 @@ class AdaptiveLength:
         self._probe_gap = self.probe_every
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft = {}, {}
-        self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at = {}, {}, {}, {}, {}
+        self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
 
     # ---- estimates
 
@@ -254,6 +258,17 @@ class AdaptiveLength:
         pooled = self._stretch.get(None)
         return pooled.get() if pooled is not None else 1.0
 
+    def service_seconds(self, batch: int, k: int) -> float:
+        """An iteration's seconds at this batch size and k in service: the median of its last
+        `recent` iterations where that many ran, the latest within 4 * recent passes (the
+        calibration's line over k missed its steps: at 2 rows it rose 6.8 ms a token where
+        service rose 5, so k = 2 looked no better than k = 1 and ran 16% more tokens a ms),
+        else the calibration's times scaled by the `stretch`."""
+        seen = self._iteration.get((batch, k))
+        if seen is not None and seen.count >= self.recent and self._passes - seen.at <= 4 * self.recent:
+            return seen.get()
+        return self.calibrated_seconds(batch, k) * self.stretch(k, batch)
+
     def _model_inputs(self, batch: int = 1) -> tuple[list[float], float, list[float]] | None:
         """(alphas, c, r(1..k_max+1)) for the refined model at this batch size, or None before
         anything is known: r(n) = t_target(batch * n) / t_target(batch), so that r grows like n
@@ -261,7 +276,7 @@ class AdaptiveLength:
         The drafting pass's time is folded into r(k + 1) (in units of t_target(batch)) and c is 0:
         a draft's cost per row falls with the batch size, which a constant c cannot say."""
         if self._seeded_target:  # calibrated: its shape over batch sizes and k, scaled by what passes take in service
-            t = [self.calibrated_seconds(batch, k) * self.stretch(k, batch) for k in range(self.k_max + 1)]
+            t = [self.service_seconds(batch, k) for k in range(self.k_max + 1)]
             return self.alphas(), 0.0, [x / t[0] for x in t]
         t1 = self.target_seconds(batch)
         if t1 is None and self.prior_c is not None:  # nothing timed yet: the profile alone
@@ -327,6 +342,8 @@ class AdaptiveLength:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
             for kind in (k > 0, None, (batch, k > 0)):  # None: both kinds
                 self._stretch.setdefault(kind, _Recent(3 * self.recent)).add(ratio)
+            self._iteration.setdefault((batch, k), _Recent(self.recent)).add(target_s + draft_s, self._passes)
+        self._passes += 1
         self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
         self._drafted_at[batch] = self._drafted_at.get(batch, 0) + 1 if k else 0
         if k == 0:  # acceptance unobserved: its estimates age as if observed (a long back-off ends in a fresh look)
