@@ -194,6 +194,8 @@ def test_policies_validate_their_arguments():
         AdaptiveLength(prior_c=-0.1)
     with pytest.raises(ValueError, match="prior_r"):
         AdaptiveLength(prior_r=[1.0, 0.0])
+    with pytest.raises(ValueError, match="explore"):
+        AdaptiveLength(explore=-0.1)
 
 
 def test_a_float32_beta_just_above_one_is_taken_as_one():

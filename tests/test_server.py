@@ -12,6 +12,7 @@ pair on the default backend, driven by the official `openai` client and by raw H
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -462,8 +463,9 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
 
 def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same_rounds(tmp_path):
     """`verispec bench-serve` end to end on the toy pair: servers for plain, k = 2 and auto, each
-    in a process of its own, two levels, two rounds; every level and mode has its medians, no errors, the
-    ratios to plain and to the best other mode, and the CSV and the plot are written."""
+    in a process of its own, two levels, one warm-up round and two measured rounds; every level and
+    mode has its medians over the measured rounds, no errors, the ratios to plain and to the best
+    other mode, and the CSV and the plot are written; the warm-up rounds are in the JSON, marked."""
     from verispec.cli import main
     from verispec.models.toy import make_toy_pair
 
@@ -472,11 +474,12 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:3]))
     code = main(["bench-serve", "--target", str(target), "--draft", str(draft), "--backend", "torch", "--modes", "plain,2,auto",
-                 "--concurrency", "1,3", "--requests", "3", "--max-tokens", "6", "--repeats", "2", "--max-batch", "4", "--k-max", "3",
+                 "--concurrency", "1,3", "--requests", "3", "--max-tokens", "6", "--repeats", "2", "--warmups", "1", "--max-batch", "4", "--k-max", "3",
                  "--prompts", str(prompts), "--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"])])
     assert code == 0
     report = json.loads(out["json"].read_text())
-    assert len(report["levels"]) == 2 * 3 * 2 and all(level["errors"] == 0 for level in report["levels"])
+    assert len(report["levels"]) == 2 * 3 * 3 and all(level["errors"] == 0 for level in report["levels"])
+    assert [level["warmup"] for level in report["levels"]] == ([True] * 3 + [False] * 6) * 2  # per level: the warm-up round first
     medians = {(row["mode"], row["concurrency"]): row for row in report["medians"]}
     assert set(medians) == {(mode, c) for mode in ("plain", "k=2", "k=auto") for c in (1, 3)}
     for (mode, c), row in medians.items():
@@ -504,3 +507,8 @@ def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
     assert rows["auto"]["throughput_vs_best_other_by_round"] == pytest.approx(100 / 120)
     assert rows["a"]["throughput_vs_best_other"] == pytest.approx(90 / 100)
     assert rows["a"]["throughput_vs_best_other_by_round"] == pytest.approx(90 / 120)  # median of 120/100, 90/120, 90/120
+    warm = [Level(m, 4, 8, t, 1.0, 0.1, 0.2, 0.01, 0.02, 0.01, 0, warmup=True) for m, t in {"auto": 10, "a": 500, "b": 1, "c": 1}.items()]
+    again = {row["mode"]: row for row in summarize(warm + [level(m, t) for r in rounds for m, t in r.items()])}
+    assert again == rows  # a warm-up round moves no median and no ratio
+    counted = [dataclasses.replace(lv, warmup=False) for lv in warm]
+    assert {row["mode"]: row for row in summarize(counted + [level(m, t) for r in rounds for m, t in r.items()])} != rows  # counted, it would

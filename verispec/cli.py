@@ -77,14 +77,20 @@ def _check_reports(args: argparse.Namespace) -> None:
         raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def _at_least(low: int):
+    """An argparse type: an integer >= low."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
+_positive, _non_negative = _at_least(1), _at_least(0)
 
 
 def _draft_length(text: str) -> int | str:
@@ -188,7 +194,9 @@ def _parser() -> argparse.ArgumentParser:
     bsv.add_argument("--requests", type=_positive, default=None, help="requests per level and mode (default max(8, 2 x concurrency))")
     bsv.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of each request (default 64)")
     bsv.add_argument("--temperature", type=float, default=0.0, help="of each request (default 0)")
-    bsv.add_argument("--repeats", type=_positive, default=1, help="rounds of every mode at every level (default 1)")
+    bsv.add_argument("--repeats", type=_positive, default=1, help="measured rounds of every mode at every level (default 1)")
+    bsv.add_argument("--warmups", type=_non_negative, default=1, help="rounds of every mode at every level before the measured ones, "
+                     "reported (warmup: true) but left out of the medians (default 1; 0: none)")
     bsv.add_argument("--max-batch", type=_positive, default=8, help="the servers' --max-batch (default 8)")
     bsv.add_argument("--target", help="target model for the servers started here; default: the built-in pair")
     bsv.add_argument("--draft", help="draft model, 'ngram' or 'early-exit:L' (default: the built-in draft with the built-in target)")
@@ -1072,10 +1080,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
             return _fail(str(error))
     try:
         def say(level) -> None:
-            print(f"{level.mode:>8} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s  TTFT p50 {level.ttft_p50_s * 1e3:7.1f} ms"
+            print(f"{level.mode:>8} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s{' (warm-up)' if level.warmup else ''}  TTFT p50 {level.ttft_p50_s * 1e3:7.1f} ms"
                   f"  ITL p50 {level.itl_p50_s * 1e3:6.1f} ms p99 {level.itl_p99_s * 1e3:6.1f} ms  errors {level.errors}", file=sys.stderr)
 
-        results = bench_serve(servers, prompts, levels, args.requests, args.max_tokens, args.temperature, args.repeats, say)
+        results = bench_serve(servers, prompts, levels, args.requests, args.max_tokens, args.temperature, args.repeats, say, args.warmups)
     finally:
         for handle in started:
             handle.stop()

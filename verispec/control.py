@@ -154,6 +154,7 @@ class AdaptiveLength:
     _alpha: list[_Mean] = field(init=False, repr=False)
     recent: int = 9  # a time is the median of the last this many passes with its key
     tolerance: float = 0.01  # the shortest k whose predicted S is within this fraction of the best (shortest_near_best)
+    explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
@@ -161,7 +162,6 @@ class AdaptiveLength:
     _calibrated: dict[int, list[float]] = field(init=False, repr=False)  # calibrated_seconds by batch size, k = 0..k_max
     _stretch: dict[bool | None | tuple[int, bool], _Recent] = field(init=False, repr=False)  # by drafting or not (None: both), also
     #                                                             by (batch, drafting): a pass's seconds / the calibration's
-    explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
     _drafted_at: dict[int, int] = field(init=False, repr=False)  # drafting passes at each batch size since its last plain one
     _iteration: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # an iteration's seconds in service, by (batch, k)
     _passes: int = field(init=False, default=0)
@@ -179,6 +179,8 @@ class AdaptiveLength:
             raise ValueError(f"recent must be an integer >= 1, got {self.recent!r}")
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance!r}")
+        if not (isinstance(self.explore, (int, float)) and self.explore >= 0):
+            raise ValueError(f"explore must be a number >= 0, got {self.explore!r}")
         if not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise ValueError(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
         if self.prior_c is not None and not (isinstance(self.prior_c, (int, float)) and self.prior_c >= 0):

@@ -32,6 +32,7 @@ class Level:
     itl_p99_s: float
     tpot_p50_s: float  # per request: (last chunk - first chunk) / (tokens - 1)
     errors: int
+    warmup: bool = False  # a warm-up round: reported, left out of the medians and ratios
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -82,7 +83,8 @@ async def _level(url: str, prompts: list[str], concurrency: int, requests: int, 
         return time.perf_counter() - started, results
 
 
-def run_level(url: str, mode: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float = 0.0) -> Level:
+def run_level(url: str, mode: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float = 0.0,
+              warmup: bool = False) -> Level:
     wall, results = asyncio.run(_level(url, prompts, concurrency, requests, max_tokens, temperature))
     done = [r for r in results if r is not None]
     tokens = sum(r[2] for r in done)
@@ -90,7 +92,7 @@ def run_level(url: str, mode: str, prompts: list[str], concurrency: int, request
     tpot = [(arrivals[-1] - arrivals[0]) / (n - 1) for _, arrivals, n in done if n > 1]
     ttft = [r[0] for r in done]
     return Level(mode, concurrency, len(results), tokens / wall, len(done) / wall, _quantile(ttft, 0.5), _quantile(ttft, 0.99),
-                 _quantile(gaps, 0.5), _quantile(gaps, 0.99), _quantile(tpot, 0.5), len(results) - len(done))
+                 _quantile(gaps, 0.5), _quantile(gaps, 0.99), _quantile(tpot, 0.5), len(results) - len(done), warmup)
 
 
 def summarize(levels: list[Level]) -> list[dict]:
@@ -100,7 +102,8 @@ def summarize(levels: list[Level]) -> list[dict]:
     best other mode, the one with the highest median; and, stricter, `_by_round`, to the fastest
     other mode of each round (the maximum of several noisy measurements is biased upwards:
     simulated, five modes equally fast over three rounds that vary by 10% put any one of them at
-    a median 0.91 of the fastest of each round)."""
+    a median 0.91 of the fastest of each round). Warm-up rounds are left out."""
+    levels = [lv for lv in levels if not lv.warmup]
     rows = []
     keys = sorted({(lv.mode, lv.concurrency) for lv in levels}, key=lambda key: (key[1], key[0] != "plain", key[0]))
     modes = list(dict.fromkeys(lv.mode for lv in levels))
@@ -154,14 +157,17 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[int], requests: int | None, max_tokens: int,
-                temperature: float, repeats: int, progress=None) -> list[Level]:
-    """servers: mode -> base URL. Each level runs every mode in turn, `repeats` times."""
+                temperature: float, repeats: int, progress=None, warmups: int = 0) -> list[Level]:
+    """servers: mode -> base URL. Each level runs every mode in turn, first `warmups` rounds
+    that are reported but not measured (vLLM's `bench serve --num-warmups`: a server's first
+    requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
+    batch size new to it), then `repeats` measured rounds."""
     levels = []
     for c in concurrency:
         n = requests or max(8, 2 * c)
-        for _ in range(repeats):
+        for round_ in range(warmups + repeats):
             for mode, url in servers.items():
-                levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature))
+                levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature, warmup=round_ < warmups))
                 if progress is not None:
                     progress(levels[-1])
     return levels
