@@ -475,6 +475,41 @@ def test_where_drafting_looks_marginal_plain_passes_are_measured_at_that_batch_s
     assert serve(0.0) == [1] * 120
 
 
+def test_a_burst_of_slow_plain_passes_stops_deciding_once_it_is_old(monkeypatch):
+    """At 16 rows plain passes take 0.85 of the calibration and a k = 1 iteration 1.6, so at
+    acceptance 0.7 drafting runs at 1.7 * 0.85 / 1.6 = 0.90 of plain. Then nine plain passes
+    in a row take 1.1 (a busy moment): their median says S(1) = 1.17 and the policy drafts,
+    measuring one plain pass (at 0.85) after every 16 drafting ones (S < 1 + explore). Once the
+    oldest of the nine is 4 * recent passes old the iteration median no longer decides; the
+    plain stretch at 16 rows (its last 27 passes, most of them at 0.85) does, and the policy
+    goes back to plain. The negative control dates the window by its latest value, as before:
+    the plain passes it measures keep the burst's median standing and it goes on drafting."""
+    from verispec import control
+
+    t_target = lambda n: 1.0 + max(0, n - 16) / 32  # noqa: E731
+
+    def serve() -> list[int]:
+        policy = _calibrated(t_target, lambda b: 0.1)
+        for _ in range(27):
+            policy.observe(0, [], [], 0.0, 0.85, batch=16)
+        for _ in range(30):
+            policy.observe(1, [0.7 * 16], [16], 0.1, 1.5, batch=16)
+        for _ in range(9):
+            policy.observe(0, [], [], 0.0, 1.1, batch=16)
+        chosen = []
+        for _ in range(80):
+            k = policy.choose(batch=16)
+            chosen.append(k)
+            policy.observe(k, [0.7 * 16] * k, [16] * k, 0.1 * k, 0.85 if k == 0 else t_target(16 * (k + 1)), batch=16)
+        return chosen
+
+    chosen = serve()
+    assert chosen[:16] == [1] * 16  # the burst decides while it is recent
+    assert chosen[-30:].count(0) >= 27, chosen  # then plain, but for a probe or two
+    monkeypatch.setattr(control._Recent, "oldest", property(lambda self: self._ats[-1]))
+    assert serve()[-30:].count(1) >= 27
+
+
 def test_iteration_times_measured_in_service_replace_the_calibrations_line():
     """The calibration's line over k rises 0.45 a drafted token at 2 rows; in service an
     iteration rises 0.25 (measured at 2 rows: 6.8 ms against 5). At acceptance 0.7 the line

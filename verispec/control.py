@@ -26,7 +26,7 @@ calibration's, one for plain passes and one for drafting passes (pooled over k),
 size once it has seen `recent` passes of the kind, else pooled over batch sizes (so that a batch
 size or k seldom seen still learns from the others; a server's passes run at longer contexts
 than the calibration's, beside HTTP work), and one over both, used for a kind seen fewer than
-`recent` times; but where a (batch size, k) has run `recent` iterations lately, their median
+`recent` times; but where a (batch size, k) ran its last `recent` iterations lately (all within 4 * recent passes), their median
 (`service_seconds`: the calibration's line over k misses the steps of real passes). Where
 drafting is predicted to gain less than `explore`, the calibration's shape decides, so plain
 passes are measured at that batch size (`_plain_due`).
@@ -126,12 +126,19 @@ class _Recent:
 
     def __init__(self, size: int):
         self.values: deque[float] = deque(maxlen=size)
-        self.count, self.at = 0, 0  # observations ever; when the latest came (the caller's count)
+        self._ats: deque[int] = deque(maxlen=size)  # when each value came (the caller's count)
+        self.count = 0  # observations ever
 
     def add(self, value: float, at: int = 0) -> None:
         self.values.append(value)
-        self.count, self.at = self.count + 1, at
+        self._ats.append(at)
+        self.count += 1
         self._median = statistics.median(self.values)  # once per observation: `get` runs for every key on every choice
+
+    @property
+    def oldest(self) -> int:
+        """When the oldest value in the window came."""
+        return self._ats[0]
 
     def get(self, default: float = 0.0) -> float:
         return self._median if self.values else default
@@ -262,12 +269,15 @@ class AdaptiveLength:
 
     def service_seconds(self, batch: int, k: int) -> float:
         """An iteration's seconds at this batch size and k in service: the median of its last
-        `recent` iterations where that many ran, the latest within 4 * recent passes (the
+        `recent` iterations where all of them ran within the last 4 * recent passes (the
         calibration's line over k missed its steps: at 2 rows it rose 6.8 ms a token where
         service rose 5, so k = 2 looked no better than k = 1 and ran 16% more tokens a ms),
-        else the calibration's times scaled by the `stretch`."""
+        else the calibration's times scaled by the `stretch`. All, not the latest: at 16 rows
+        five slow plain passes in a row set the plain median at 64 ms, the policy drafted, and
+        the one plain pass it measured every 16 drafting passes (45-57 ms) left that median
+        standing for 70 passes while drafting ran 10% fewer tokens a second than plain."""
         seen = self._iteration.get((batch, k))
-        if seen is not None and seen.count >= self.recent and self._passes - seen.at <= 4 * self.recent:
+        if seen is not None and seen.count >= self.recent and self._passes - seen.oldest <= 4 * self.recent:
             return seen.get()
         return self.calibrated_seconds(batch, k) * self.stretch(k, batch)
 
