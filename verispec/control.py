@@ -35,8 +35,9 @@ k = 0 (plain decoding) is chosen when nothing beats 1, once the first position h
 verified `min_evidence` times over all rows (before that it drafts one token; a fresh server
 at 32 rows had drafted for 16 passes, at two plain passes' cost each, when it counted passes); the policy then probes k = 1 after
 `probe_every` plain iterations so that it notices when drafting pays again (and after twice as
-many after each probe that finds it still does not pay, up to 8 times: at 32 rows a probe
-costs two plain passes, since the draft first reads every token since its last pass), unless the costs alone
+many after each probe at that batch size that finds it still does not pay, up to 8 times: at 32
+rows a probe costs two plain passes, since the draft first reads every token since its last
+pass; drafting at another batch size measures acceptance meanwhile), unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
 since its last pass, for nothing). The draft's cost
@@ -173,7 +174,8 @@ class AdaptiveLength:
     _iteration: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # an iteration's seconds in service, by (batch, k)
     _passes: int = field(init=False, default=0)
     _since_draft: int = field(init=False, default=0)
-    _probe_gap: int = field(init=False, default=0)  # plain passes before the next probe: probe_every, doubled by each probe that finds drafting still does not pay (at most 8 times)
+    _probe_gap: dict[int, int] = field(init=False, repr=False)  # by batch size, plain passes before the next probe there: probe_every,
+    #                                                             doubled by each probe that finds drafting still does not pay (at most 8 times)
     _drafted: bool = field(init=False, default=False)
     _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
 
@@ -200,7 +202,7 @@ class AdaptiveLength:
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
         if not self.shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
-        self._probe_gap = self.probe_every
+        self._probe_gap = {}
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft = {}, {}
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
@@ -318,22 +320,23 @@ class AdaptiveLength:
         alphas, c, r = inputs
         speedups = refined_speedups(alphas, c, r, self.k_max)
         best = shortest_near_best(speedups, self.tolerance)
-        if best > 0:  # drafting pays: once it stops, the first probe comes after probe_every plain passes
-            self._probe_gap = self.probe_every
+        if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain passes
+            self._probe_gap[batch] = self.probe_every
             if speedups[best] < 1 + self.explore and self._plain_due(batch):
                 return 0
             timed = [j for b, j in self._draft if b == batch]
             if best < self.k_max and timed == [best] and not self._seeded_target:
                 return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
             return best
-        due = self._since_draft + 1 >= self._probe_gap
+        gap = self._probe_gap.get(batch, self.probe_every)
+        due = self._since_draft + 1 >= gap
         if self._first_betas < self.min_evidence or due:
             # too few betas to give up on drafting (greedy betas are 0 or 1: two early rejections
             # say little), or time to probe: has acceptance risen? Not when even a draft that is
             # always accepted could not pay at this c and r(n): acceptance is not the question then.
             if refined_optimal_k([1.0] * self.k_max, c, r, k_max=self.k_max)[0] > 0:
                 if due:  # the next probe waits twice as long, unless this one finds drafting pays again
-                    self._probe_gap = min(2 * self._probe_gap, 8 * self.probe_every)
+                    self._probe_gap[batch] = min(2 * gap, 8 * self.probe_every)
                 return 1
         return 0
 
