@@ -528,3 +528,46 @@ def test_iteration_times_measured_in_service_replace_the_calibrations_line():
 
     assert choice(AdaptiveLength.recent) == 2
     assert choice(100) == 1
+
+
+def test_a_deep_position_an_earlier_rejection_kept_unverified_keeps_its_evidence():
+    """k = 4 at one row: positions 1-2 accepted with beta 0.6, positions 3-4 reached on every
+    other iteration (an earlier rejection on the others) and accepted with beta 0.95 there. An
+    iteration that proposed a position but never reached it says nothing about it, so its
+    estimate keeps its weight and stays near 0.95 (shrink pulls it a little toward the
+    first's); fading it there, as for a position not proposed, held its weight near shrink's
+    and the estimate near 0.77. Positions past k still fade."""
+    policy = AdaptiveLength(k_max=8)
+    policy.seed_costs({n: 1.0 for n in range(1, 10)}, {(1, k): 0.05 * k for k in range(1, 9)})
+    for i in range(200):
+        reached = i % 2 == 0
+        policy.observe(4, [0.6, 0.6] + ([0.95, 0.95] if reached else [0.0, 0.0]), [1, 1] + ([1, 1] if reached else [0, 0]), 0.2, 1.0)
+    alphas = policy.alphas()
+    assert alphas[2] > 0.85 and alphas[3] > 0.85, alphas
+    assert max(alphas[4:]) < 0.8, alphas  # not proposed: faded back toward the one before, pulled toward the first
+
+
+def test_the_first_pass_at_a_new_shape_is_not_timed():
+    """llama.cpp sizes its buffers on the first pass at a new number of positions: that pass (100 ms
+    here, where the next one takes 10) is left out, so the one steady pass is the time at that
+    shape (a median with the slow one in it would say 55 ms). The draft's time likewise."""
+    policy = AdaptiveLength(k_max=4)
+    for target_s in (0.100, 0.010):
+        policy.observe(0, [], [], 0.0, target_s)
+    assert policy.target_seconds(1) == pytest.approx(0.010)
+    for draft_s, target_s in ((0.001, 0.100), (0.050, 0.012), (0.002, 0.012)):  # the first at 3 positions (a catch-up), the first at (1, 2), a steady one
+        policy.observe(2, [0.7, 0.7], [1, 1], draft_s, target_s)
+    assert policy.target_seconds(3) == pytest.approx(0.012) and policy.draft_seconds(1, 2) == pytest.approx(0.002)
+
+
+def test_past_the_positions_measured_the_profiles_shape_extrapolates():
+    """A profile says t_target(n) is concave (r = 1, 1.1, 1.2, 1.5, 1.6, 1.7); passes ran at 1, 2
+    and 4 positions only. Past 4 the time is t(4) scaled by the profile's shape (t(6) = t(4) *
+    1.7 / 1.5), not the line through 2 and 4 (which would say 16 ms at 6 positions); between
+    measured points it is still linear."""
+    policy = AdaptiveLength(k_max=5, prior_r=(1.0, 1.1, 1.2, 1.5, 1.6, 1.7))
+    for n, t in ((1, 0.010), (2, 0.011), (4, 0.0135)):
+        for _ in range(4):  # the first is not timed; three make a steady median
+            policy.observe(n - 1, [0.7] * (n - 1), [1] * (n - 1), 0.001 * (n - 1), t)
+    assert policy.target_seconds(6) == pytest.approx(0.0135 * 1.7 / 1.5)
+    assert policy.target_seconds(3) == pytest.approx((0.011 + 0.0135) / 2)

@@ -8,10 +8,11 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
   acceptance probability; lower variance than counting accepts), past the first position
   pulled toward the first's estimate by `shrink` betas (deep positions are verified seldom);
-  they age during plain passes too, so that a long back-off ends with a fresh look;
+  a position not proposed ages, during plain passes too, so that a long back-off ends with a
+  fresh look; one proposed but not reached (an earlier rejection) neither counts nor ages;
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
-  measured) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
+  measured, past them the profile's shape; the first pass at each shape is not timed) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
   token fitted over the lengths timed at B, else interpolated between batch sizes), both the
   median of the last `recent` iterations with that key (a mean let one stalled pass on a busy
   2-core machine flip the choice), where "target" time is everything in an iteration but the draft passes
@@ -165,6 +166,7 @@ class AdaptiveLength:
     explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
+    _shapes: set[tuple[str, object]] = field(init=False, repr=False)  # ("target" or "draft", key) whose first pass was seen, untimed (`_timed`)
     _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
     _seeded_draft: dict[tuple[int, int], float] = field(init=False, repr=False)  # its t_draft, by (batch, k)
     _calibrated: dict[int, list[float]] = field(init=False, repr=False)  # calibrated_seconds by batch size, k = 0..k_max
@@ -204,7 +206,7 @@ class AdaptiveLength:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
         self._probe_gap = {}
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
-        self._target, self._draft = {}, {}
+        self._target, self._draft, self._shapes = {}, {}, set()
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
 
     # ---- estimates
@@ -221,8 +223,11 @@ class AdaptiveLength:
 
     def target_seconds(self, n: int) -> float | None:
         """t_target of a pass over n positions in all (batch * (k + 1)): measured, else linear in
-        n through the two nearest measured points."""
-        return _positions_time({m: mean.get() for m, mean in self._target.items()}, n, self._prior_ratio)
+        n through the two nearest measured points, past them the profile's shape (`_positions_time`);
+        counts timed fewer than three times are used only while no count has been timed more."""
+        steady = {m: mean.get() for m, mean in self._target.items() if mean.count >= 3}
+        return _positions_time(steady or {m: mean.get() for m, mean in self._target.items()}, n, self._prior_ratio,
+                               extrapolate=self.prior_r is not None)
 
     def _prior_ratio(self, n: float) -> float:
         """The shape of t_target over n positions in all: the profile's r at n / prior_batch
@@ -359,7 +364,7 @@ class AdaptiveLength:
                 self._stretch.setdefault(kind, _Recent(3 * self.recent)).add(ratio)
             self._iteration.setdefault((batch, k), _Recent(self.recent)).add(target_s + draft_s, self._passes)
         self._passes += 1
-        self._target.setdefault(batch * (k + 1), _Recent(self.recent)).add(target_s)
+        self._timed("target", batch * (k + 1), target_s)
         self._drafted_at[batch] = self._drafted_at.get(batch, 0) + 1 if k else 0
         if k == 0:  # acceptance unobserved: its estimates age as if observed (a long back-off ends in a fresh look)
             self._since_draft += 1
@@ -367,15 +372,28 @@ class AdaptiveLength:
                 mean.fade(power=1)
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
-            self._draft.setdefault((batch, k), _Recent(self.recent)).add(draft_s)
+            self._timed("draft", (batch, k), draft_s)
         self._since_draft, self._drafted = 0, True
         self._first_betas += verified[0] if verified else 0
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0
             if count:
                 mean.add(beta_sums[i] / count, 1.0)
-            else:  # not proposed (or not reached): the estimate drifts back to the one before it
+            elif i >= k:  # not proposed: the estimate drifts back to the one before it
                 mean.fade()
+            # proposed but not reached (an earlier rejection): no news, and not stale either. Fading
+            # here held a deep position's weight near `shrink`'s (at one row, greedy: 0.74-0.77
+            # at depths 3-5 where fixed k = 5 measured 0.81-0.95), and auto drafted short
+
+    def _timed(self, kind: str, key, seconds: float) -> None:
+        """Add a pass's seconds to `_target` or `_draft` (kind) under its shape, unless it is the
+        first pass of that shape: llama.cpp sizes its buffers then (and torch's allocator grows),
+        and that one slow pass, left as the only time at a draft length seldom run, made that
+        length look dear for good."""
+        if (kind, key) in self._shapes:
+            (self._target if kind == "target" else self._draft).setdefault(key, _Recent(self.recent)).add(seconds)
+        else:
+            self._shapes.add((kind, key))
 
     def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
         """Times measured before any request (profiler.calibrate): t_target by the positions of a
@@ -416,19 +434,22 @@ def _fitted_line(values: list[float]) -> list[float]:
     return [fixed + slope * x for x, _ in points]
 
 
-def _positions_time(table: dict[int, float], n: int, prior_ratio) -> float | None:
+def _positions_time(table: dict[int, float], n: int, prior_ratio, extrapolate: bool = False) -> float | None:
     """t over n positions from {positions: seconds}: the value at n, else linear through the two
-    nearest points (flat or rising), else one point scaled by prior_ratio's shape; None if empty."""
+    nearest points (flat or rising), else one point scaled by prior_ratio's shape; None if empty.
+    With `extrapolate`, past the points measured the nearest one scaled by prior_ratio's shape
+    (a measured profile): a line through two close points, each a median of a few passes, ran
+    ahead of the profile's (concave) curve, and deep drafts looked dear."""
     if n in table:
         return table[n]
     known = sorted(table.items())
     if not known:
         return None
-    if len(known) == 1:
-        (m, t), = known
-        return t * prior_ratio(n) / prior_ratio(m)
     below = [point for point in known if point[0] < n]
     above = [point for point in known if point[0] > n]
+    if len(known) == 1 or (extrapolate and not (below and above)):
+        m, t = below[-1] if below else above[0]
+        return t * prior_ratio(n) / prior_ratio(m)
     if below and above:
         (m0, t0), (m1, t1) = below[-1], above[0]
     else:
