@@ -197,6 +197,8 @@ def test_policies_validate_their_arguments():
         AdaptiveLength(prior_r=[1.0, 0.0])
     with pytest.raises(ValueError, match="explore"):
         AdaptiveLength(explore=-0.1)
+    with pytest.raises(ValueError, match="switch"):
+        AdaptiveLength(switch=-0.01)
 
 
 def test_a_float32_beta_just_above_one_is_taken_as_one():
@@ -571,3 +573,31 @@ def test_past_the_positions_measured_the_profiles_shape_extrapolates():
             policy.observe(n - 1, [0.7] * (n - 1), [1] * (n - 1), 0.001 * (n - 1), t)
     assert policy.target_seconds(6) == pytest.approx(0.0135 * 1.7 / 1.5)
     assert policy.target_seconds(3) == pytest.approx((0.011 + 0.0135) / 2)
+
+
+def test_backed_off_drafting_resumes_only_for_a_gain_worth_the_catch_up():
+    """16 rows, acceptance 0.75, a k = 1 iteration takes 1.8 in service. Plain passes take 1.0:
+    drafting loses (S(1) = 0.97) and the policy backs off. Then plain passes take 1.06: drafting
+    is predicted to gain 3%, under `switch` (5%), and the policy stays plain but for probes (each
+    return would pay a catch-up for a gain within the noise of its estimates); the negative
+    control (switch 0) goes back to drafting. At 1.2 (a predicted 17% gain) both draft."""
+    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
+
+    def serve(switch: float) -> list[list[int]]:
+        policy = _calibrated(t_target, lambda b: 0.1)
+        policy.switch = switch
+        phases = []
+        for plain_s in (1.0, 1.06, 1.2):
+            chosen = []
+            for _ in range(200):
+                k = policy.choose(batch=16)
+                chosen.append(k)
+                policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, plain_s if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
+            phases.append(chosen[-100:])
+        return phases
+
+    backed_off, near_tie, paying = serve(AdaptiveLength.switch)
+    assert backed_off.count(0) >= 97 and near_tie.count(0) >= 97, (backed_off, near_tie)
+    assert paying.count(1) >= 90, paying
+    control = serve(0.0)
+    assert control[1].count(1) >= 90, control[1]

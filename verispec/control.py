@@ -41,7 +41,11 @@ rows a probe costs two plain passes, since the draft first reads every token sin
 pass; drafting at another batch size measures acceptance meanwhile), unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
-since its last pass, for nothing). The draft's cost
+since its last pass, for nothing). Backed off at a batch size, the policy drafts again only where
+drafting is predicted to gain at least `switch` (5%): each return pays a catch-up, and at 16
+rows, where plain and drafting passes were near a tie (drafting at 0.95-1.01 of plain), estimates
+taken at different moments of a busy machine predicted 1.02-1.09, and the policy went back and
+forth, catching up each time, at 0.95 of plain overall. The draft's cost
 is not taken from a drafting pass that follows plain passes, nor from the first one: there a
 model draft first reads every token committed since its last pass (the whole prompt, the
 first time), which says nothing about the cost per proposed token, and counting it made one
@@ -164,6 +168,7 @@ class AdaptiveLength:
     recent: int = 9  # a time is the median of the last this many passes with its key
     tolerance: float = 0.01  # the shortest k whose predicted S is within this fraction of the best (shortest_near_best)
     explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
+    switch: float = 0.05  # backed off at a batch size, drafting resumes there only when predicted to gain at least this
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _shapes: set[tuple[str, object]] = field(init=False, repr=False)  # ("target" or "draft", key) whose first pass was seen, untimed (`_timed`)
@@ -178,6 +183,7 @@ class AdaptiveLength:
     _since_draft: int = field(init=False, default=0)
     _probe_gap: dict[int, int] = field(init=False, repr=False)  # by batch size, plain passes before the next probe there: probe_every,
     #                                                             doubled by each probe that finds drafting still does not pay (at most 8 times)
+    _backed_off: set[int] = field(init=False, repr=False)  # batch sizes where the policy last chose plain for want of a gain
     _drafted: bool = field(init=False, default=False)
     _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
 
@@ -202,9 +208,11 @@ class AdaptiveLength:
             self.prior_r = tuple(float(x) for x in self.prior_r)
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
+        if not (isinstance(self.switch, (int, float)) and self.switch >= 0):
+            raise ValueError(f"switch must be a number >= 0, got {self.switch!r}")
         if not self.shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
-        self._probe_gap = {}
+        self._probe_gap, self._backed_off = {}, set()
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft, self._shapes = {}, {}, set()
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
@@ -325,14 +333,18 @@ class AdaptiveLength:
         alphas, c, r = inputs
         speedups = refined_speedups(alphas, c, r, self.k_max)
         best = shortest_near_best(speedups, self.tolerance)
+        if best > 0 and batch in self._backed_off and speedups[best] < 1 + self.switch:
+            best = 0  # too small a gain to pay for going back: see `switch`
         if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain passes
             self._probe_gap[batch] = self.probe_every
+            self._backed_off.discard(batch)
             if speedups[best] < 1 + self.explore and self._plain_due(batch):
                 return 0
             timed = [j for b, j in self._draft if b == batch]
             if best < self.k_max and timed == [best] and not self._seeded_target:
                 return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
             return best
+        self._backed_off.add(batch)
         gap = self._probe_gap.get(batch, self.probe_every)
         due = self._since_draft + 1 >= gap
         if self._first_betas < self.min_evidence or due:
