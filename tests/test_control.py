@@ -197,6 +197,8 @@ def test_policies_validate_their_arguments():
         AdaptiveLength(prior_r=[1.0, 0.0])
     with pytest.raises(ValueError, match="explore"):
         AdaptiveLength(explore=-0.1)
+    with pytest.raises(ValueError, match="refresh_every"):
+        AdaptiveLength(refresh_every=0)
     with pytest.raises(ValueError, match="switch"):
         AdaptiveLength(switch=-0.01)
 
@@ -601,3 +603,30 @@ def test_backed_off_drafting_resumes_only_for_a_gain_worth_the_catch_up():
     assert paying.count(1) >= 90, paying
     control = serve(0.0)
     assert control[1].count(1) >= 90, control[1]
+
+
+def test_a_plain_time_left_by_a_busy_moment_is_measured_again():
+    """16 rows: plain passes took 1.6 in a busy moment, so drafting (a k = 1 iteration takes 1.8,
+    acceptance 0.75) is predicted to gain 56% and no plain pass is measured there. Then plain
+    passes run at 1.0, where drafting loses (S(1) = 0.97). Once the newest plain pass is
+    `refresh_every` passes old one is measured, runs well under the old median, and `recent` new
+    ones replace it: the policy goes plain. The negative control (no refresh) drafts on."""
+    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
+
+    def serve(refresh_every: int) -> list[int]:
+        policy = _calibrated(t_target, lambda b: 0.1)
+        policy.refresh_every = refresh_every
+        for _ in range(3 * policy.recent):
+            policy.observe(0, [], [], 0.0, 1.6, batch=16)
+        for _ in range(3 * policy.recent):
+            policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
+        chosen = []
+        for _ in range(800):
+            k = policy.choose(batch=16)
+            chosen.append(k)
+            policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, 1.0 if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
+        return chosen
+
+    chosen = serve(AdaptiveLength.refresh_every)
+    assert chosen[:200].count(0) <= 2 and chosen[-300:].count(0) >= 290, chosen
+    assert serve(10**9)[-300:].count(0) <= 2

@@ -45,7 +45,12 @@ since its last pass, for nothing). Backed off at a batch size, the policy drafts
 drafting is predicted to gain at least `switch` (5%): each return pays a catch-up, and at 16
 rows, where plain and drafting passes were near a tie (drafting at 0.95-1.01 of plain), estimates
 taken at different moments of a busy machine predicted 1.02-1.09, and the policy went back and
-forth, catching up each time, at 0.95 of plain overall. The draft's cost
+forth, catching up each time, at 0.95 of plain overall. Drafting at a batch size where it is
+predicted to gain `explore` or more, the policy measures no plain pass there, so a plain time
+taken in a busy moment could stand for good (a server drafted at 16 rows for 800 passes on a
+plain stretch of 1.72 left by one, at 0.9 of plain): once the newest plain pass at a batch size
+is `refresh_every` passes old, one plain pass is due there; where it runs 10% under the old
+median, the old plain passes there are dropped and `recent` new ones are measured. The draft's cost
 is not taken from a drafting pass that follows plain passes, nor from the first one: there a
 model draft first reads every token committed since its last pass (the whole prompt, the
 first time), which says nothing about the cost per proposed token, and counting it made one
@@ -146,6 +151,14 @@ class _Recent:
         """When the oldest value in the window came."""
         return self._ats[0]
 
+    @property
+    def newest(self) -> int:
+        """When the newest value in the window came."""
+        return self._ats[-1]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
     def get(self, default: float = 0.0) -> float:
         return self._median if self.values else default
 
@@ -169,6 +182,7 @@ class AdaptiveLength:
     tolerance: float = 0.01  # the shortest k whose predicted S is within this fraction of the best (shortest_near_best)
     explore: float = 0.2  # drafting predicted to gain less than this: plain passes at the batch size are measured (`_plain_due`)
     switch: float = 0.05  # backed off at a batch size, drafting resumes there only when predicted to gain at least this
+    refresh_every: int = 256  # passes after the newest plain pass at a batch size, one plain pass is due there
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
     _shapes: set[tuple[str, object]] = field(init=False, repr=False)  # ("target" or "draft", key) whose first pass was seen, untimed (`_timed`)
@@ -184,6 +198,7 @@ class AdaptiveLength:
     _probe_gap: dict[int, int] = field(init=False, repr=False)  # by batch size, plain passes before the next probe there: probe_every,
     #                                                             doubled by each probe that finds drafting still does not pay (at most 8 times)
     _backed_off: set[int] = field(init=False, repr=False)  # batch sizes where the policy last chose plain for want of a gain
+    _stale: set[int] = field(init=False, repr=False)  # batch sizes whose old plain passes were dropped (`refresh_every`)
     _drafted: bool = field(init=False, default=False)
     _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
 
@@ -208,11 +223,13 @@ class AdaptiveLength:
             self.prior_r = tuple(float(x) for x in self.prior_r)
             if not self.prior_r or any(x <= 0 for x in self.prior_r):
                 raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
+        if not isinstance(self.refresh_every, int) or self.refresh_every < 1:
+            raise ValueError(f"refresh_every must be an integer >= 1, got {self.refresh_every!r}")
         if not (isinstance(self.switch, (int, float)) and self.switch >= 0):
             raise ValueError(f"switch must be a number >= 0, got {self.switch!r}")
         if not self.shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
-        self._probe_gap, self._backed_off = {}, set()
+        self._probe_gap, self._backed_off, self._stale = {}, set(), set()
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft, self._shapes = {}, {}, set()
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
@@ -338,7 +355,11 @@ class AdaptiveLength:
         if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain passes
             self._probe_gap[batch] = self.probe_every
             self._backed_off.discard(batch)
-            if speedups[best] < 1 + self.explore and self._plain_due(batch):
+            plain = self._stretch.get((batch, False))
+            if plain is not None and self._passes - plain.newest > self.refresh_every:
+                return 0  # plain has not been measured here for long: see `refresh_every`
+            refreshing = batch in self._stale and (plain is None or len(plain) < self.recent)
+            if (speedups[best] < 1 + self.explore or refreshing) and self._plain_due(batch):
                 return 0
             timed = [j for b, j in self._draft if b == batch]
             if best < self.k_max and timed == [best] and not self._seeded_target:
@@ -372,8 +393,12 @@ class AdaptiveLength:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
         if self._seeded_target and not catch_up:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
+            plain = self._stretch.get((batch, False))
+            if k == 0 and plain is not None and self._passes - plain.newest > self.refresh_every and ratio < 0.9 * plain.get():
+                del self._stretch[(batch, False)]  # the plain passes seen here long ago ran slower than plain runs now: stale
+                self._stale.add(batch)
             for kind in (k > 0, None, (batch, k > 0)):  # None: both kinds
-                self._stretch.setdefault(kind, _Recent(3 * self.recent)).add(ratio)
+                self._stretch.setdefault(kind, _Recent(3 * self.recent)).add(ratio, self._passes)
             self._iteration.setdefault((batch, k), _Recent(self.recent)).add(target_s + draft_s, self._passes)
         self._passes += 1
         self._timed("target", batch * (k + 1), target_s)
