@@ -630,3 +630,37 @@ def test_a_plain_time_left_by_a_busy_moment_is_measured_again():
     chosen = serve(AdaptiveLength.refresh_every)
     assert chosen[:200].count(0) <= 2 and chosen[-300:].count(0) >= 290, chosen
     assert serve(10**9)[-300:].count(0) <= 2
+
+
+def test_a_return_to_drafting_pays_for_its_catch_up():
+    """32 rows: a k = 1 iteration takes 1.55 plain passes; a drafting pass after m plain passes
+    first reads 32 m tokens, 0.002 a token. At acceptance 0.2 the policy backs off; there each
+    long back-off lets the acceptance estimate drift back to the prior (0.7, S(1) = 1.10), so a
+    policy that ignores the catch-up goes back to drafting, catches up, finds 0.2 and backs off
+    again (the negative control, whose catch-ups cost nothing to it: 11 drafting passes in 300).
+    Costing the catch-up (learned from the probes: 0.002 a token) it only probes (3 in 300).
+    Once acceptance is 0.75 (S(1) = 1.13) both draft."""
+    t_target = lambda n: 1.0 + 0.45 * max(0, n - 32) / 32  # noqa: E731
+
+    def serve(per_token: float) -> tuple[AdaptiveLength, list[int], list[int]]:
+        policy, since = _calibrated(t_target, lambda b: 0.1), 0
+
+        def run(alpha: float, passes: int) -> list[int]:
+            nonlocal since
+            chosen = []
+            for _ in range(passes):
+                k = policy.choose(batch=32)
+                chosen.append(k)
+                catch_up = per_token * 32 * since if k and since else 0.0
+                policy.observe(k, [alpha * 32] * k, [32] * k, 0.1 * k + catch_up, t_target(32 * (k + 1)), batch=32)
+                since = 0 if k else since + 1
+            return chosen
+
+        run(0.75, 60)
+        return policy, run(0.2, 400)[-300:], run(0.75, 300)[-100:]
+
+    policy, backed_off, paying = serve(0.002)
+    assert policy._catch_up.get() == pytest.approx(0.002)
+    assert sum(k > 0 for k in backed_off) <= 3 and paying.count(1) >= 90, (backed_off, paying)
+    _, control, control_paying = serve(0.0)
+    assert sum(k > 0 for k in control) >= 8 and control_paying.count(1) >= 90, control

@@ -45,7 +45,13 @@ since its last pass, for nothing). Backed off at a batch size, the policy drafts
 drafting is predicted to gain at least `switch` (5%): each return pays a catch-up, and at 16
 rows, where plain and drafting passes were near a tie (drafting at 0.95-1.01 of plain), estimates
 taken at different moments of a busy machine predicted 1.02-1.09, and the policy went back and
-forth, catching up each time, at 0.95 of plain overall. Drafting at a batch size where it is
+forth, catching up each time, at 0.95 of plain overall. The return's catch-up itself is
+costed too: its seconds per token (what catch-up passes took beyond a drafting pass's time,
+per row and plain pass since) times the tokens pending now, spread over the passes that
+returns to drafting at this batch size lasted (the median of the last `recent`; `probe_every`
+before any), is added to a drafting iteration's time (at 32 rows a server returned to drafting
+for a predicted 1.09 after a hundred plain passes, caught up on some 3,000 tokens per return
+and drafted a few passes each time). Drafting at a batch size where it is
 predicted to gain `explore` or more, the policy measures no plain pass there, so a plain time
 taken in a busy moment could stand for good (a server drafted at 16 rows for 800 passes on a
 plain stretch of 1.72 left by one, at 0.9 of plain): once the newest plain pass at a batch size
@@ -198,6 +204,9 @@ class AdaptiveLength:
     _probe_gap: dict[int, int] = field(init=False, repr=False)  # by batch size, plain passes before the next probe there: probe_every,
     #                                                             doubled by each probe that finds drafting still does not pay (at most 8 times)
     _backed_off: set[int] = field(init=False, repr=False)  # batch sizes where the policy last chose plain for want of a gain
+    _catch_up: _Recent = field(init=False, repr=False)  # seconds per row and plain pass that a drafting pass after plain ones spent catching up
+    _returned_at: dict[int, int] = field(init=False, repr=False)  # by batch size, the pass at which drafting last resumed there
+    _episodes: dict[int, _Recent] = field(init=False, repr=False)  # by batch size, how many passes returns to drafting lasted
     _stale: set[int] = field(init=False, repr=False)  # batch sizes whose old plain passes were dropped (`refresh_every`)
     _drafted: bool = field(init=False, default=False)
     _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
@@ -229,7 +238,8 @@ class AdaptiveLength:
             raise ValueError(f"switch must be a number >= 0, got {self.switch!r}")
         if not self.shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {self.shrink!r}")
-        self._probe_gap, self._backed_off, self._stale = {}, set(), set()
+        self._probe_gap, self._backed_off, self._stale, self._returned_at, self._episodes = {}, set(), set(), {}, {}
+        self._catch_up = _Recent(self.recent)
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
         self._target, self._draft, self._shapes = {}, {}, set()
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
@@ -350,11 +360,13 @@ class AdaptiveLength:
         alphas, c, r = inputs
         speedups = refined_speedups(alphas, c, r, self.k_max)
         best = shortest_near_best(speedups, self.tolerance)
-        if best > 0 and batch in self._backed_off and speedups[best] < 1 + self.switch:
+        if best > 0 and batch in self._backed_off and self._return_speedup(batch, best, speedups[best], r[best] + best * c) < 1 + self.switch:
             best = 0  # too small a gain to pay for going back: see `switch`
         if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain passes
             self._probe_gap[batch] = self.probe_every
-            self._backed_off.discard(batch)
+            if batch in self._backed_off:
+                self._backed_off.discard(batch)
+                self._returned_at[batch] = self._passes
             plain = self._stretch.get((batch, False))
             if plain is not None and self._passes - plain.newest > self.refresh_every:
                 return 0  # plain has not been measured here for long: see `refresh_every`
@@ -365,7 +377,10 @@ class AdaptiveLength:
             if best < self.k_max and timed == [best] and not self._seeded_target:
                 return best + 1  # a second draft length, once: separates the draft's fixed cost from its cost per token
             return best
-        self._backed_off.add(batch)
+        if batch not in self._backed_off:
+            self._backed_off.add(batch)
+            if batch in self._returned_at:  # a return to drafting ends: how long it lasted
+                self._episodes.setdefault(batch, _Recent(self.recent)).add(self._passes - self._returned_at.pop(batch))
         gap = self._probe_gap.get(batch, self.probe_every)
         due = self._since_draft + 1 >= gap
         if self._first_betas < self.min_evidence or due:
@@ -377,6 +392,19 @@ class AdaptiveLength:
                     self._probe_gap[batch] = min(2 * gap, 8 * self.probe_every)
                 return 1
         return 0
+
+    def _return_speedup(self, batch: int, k: int, speedup: float, r_k: float) -> float:
+        """S(k) with the catch-up of returning to drafting now spread over the passes that returns
+        here have lasted (the module docstring); r_k: an iteration's time in plain passes' units."""
+        if not len(self._catch_up):
+            return speedup
+        t_plain = self.service_seconds(batch, 0) if self._seeded_target else self.target_seconds(batch)
+        if not t_plain:
+            return speedup
+        episodes = self._episodes.get(batch)
+        horizon = max(episodes.get(), 1) if episodes is not None else self.probe_every
+        catch_up = self._catch_up.get() * batch * (self._since_draft + 1)
+        return speedup * r_k / (r_k + catch_up / (horizon * t_plain))
 
     def _plain_due(self, batch: int) -> bool:
         """Where drafting is predicted to pay by less than `explore`, an error in the calibration's
@@ -410,6 +438,11 @@ class AdaptiveLength:
             return
         if self._since_draft == 0 and self._drafted:  # not a catch-up: see the module docstring
             self._timed("draft", (batch, k), draft_s)
+        elif self._drafted:  # a catch-up: what it took beyond a drafting pass, per row and plain pass since
+            steady = self.draft_seconds(batch, k)
+            steady = _draft_time(self._seeded_draft, batch, k) if steady is None and self._seeded_draft else steady
+            if steady is not None:
+                self._catch_up.add(max(draft_s - steady, 0.0) / (batch * self._since_draft))
         self._since_draft, self._drafted = 0, True
         self._first_betas += verified[0] if verified else 0
         for i, mean in enumerate(self._alpha):
