@@ -257,6 +257,60 @@ def test_prompts_read_piece_by_piece_on_llama_cpp(gguf):  # noqa: F811 (gguf: th
     assert _staged_midway(gguf["target"], None, prompts, [GREEDY] * len(prompts)) == plain
 
 
+class _PlainThen:
+    """A policy: plain passes first (`plain` of them), then k = 3."""
+
+    k_max = 3
+
+    def __init__(self, plain: int):
+        self.plain = plain
+
+    def choose(self, batch: int = 1) -> int:
+        self.plain -= 1
+        return 0 if self.plain >= 0 else 3
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+
+def _self_drafted(model, monkeypatch) -> tuple[list[int], int]:
+    """Rows join a batch that decodes plain, with the target as its own draft; then it drafts.
+    Returns each drafting pass's accepted count per row (all 3 when the draft's state is right)
+    and how many draft passes ran while the batch was plain."""
+    drafter = ModelDrafter(model)
+    calls = []
+    monkeypatch.setattr(drafter, "read_joined", lambda read=drafter.read_joined: (calls.append(drafter.joined_unread), read())[1])
+    batch = Batch(model, [], [], drafter, k=_PlainThen(4), capacity=4, compiled=False, max_length=64)
+    params = SamplingParams(temperature=0, max_new_tokens=30)
+    batch.join([[1, 2, 3, 0, 4, 4, 2]], [params], ["a"])
+    batch.step()
+    batch.join([[0, 4, 4, 2, 1, 3, 3, 1], [3, 3, 1, 0, 2]], [params, params], ["b", "c"])
+    for _ in range(3):
+        batch.step()
+    plain_reads = len(calls)
+    accepted = []
+    for _ in range(4):
+        batch.step()
+        accepted += list(batch.last_accepted.values())
+    assert calls[plain_reads] == 6 + 7 + 4  # the three prompts' bodies, read at the first drafting pass
+    return accepted, plain_reads
+
+
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_a_draft_reads_joined_prompts_only_when_it_drafts(target, gguf, backend, monkeypatch):  # noqa: F811 (gguf: the fixture)
+    """Joins under plain passes cost the draft nothing; once it drafts, its state is what an
+    eager read gives: the target drafting for itself has every proposal accepted."""
+    accepted, plain_reads = _self_drafted(target if backend == "torch" else gguf["target"], monkeypatch)
+    assert plain_reads == 0
+    assert accepted == [3] * 12
+
+
+def test_negative_control_a_draft_that_skips_the_joined_prompts(target, monkeypatch):
+    monkeypatch.setattr(ModelDrafter, "read_joined", lambda self: setattr(self, "_unread", [None] * len(self._unread)))
+    accepted, _ = _self_drafted(target, monkeypatch)
+    assert accepted != [3] * 12
+
+
 def test_a_staged_row_counts_against_the_capacity_and_can_be_given_up(target, made):
     batch = Batch(target, [], [], DRAFTERS["model"](target, made), k=2, capacity=2, compiled=False, max_length=32)
     staged = batch.reserve()

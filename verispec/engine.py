@@ -152,7 +152,8 @@ class Batch:
     """Requests decoding together, one target pass per `step`; they join and leave between passes.
 
     The batch's rows are its running requests, each with an id (`ids`): `join(prompts, params,
-    ids)` adds rows after the others (their prompts prefilled then, one call per model), a row
+    ids)` adds rows after the others (their prompts prefilled then by the target; a model draft
+    reads them before its next drafting pass, all in one call), a row
     that reaches its budget or a stop token leaves after its last pass, and `cancel(ids)` ends
     requests early. Rows that leave are dropped from every per-row state (`keep_rows` on the
     caches, the drafter and the sampling), so a pass costs what the running requests cost.
@@ -393,6 +394,11 @@ class Batch:
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
         k = min(max(policy.choose(batch=rows_now), 0), policy.k_max)
+        if k > 0 and getattr(drafter, "joined_unread", 0):  # rows joined since the last drafting pass: the draft reads them now
+            started = time.perf_counter()
+            drafter.read_joined()
+            _sync(device)
+            stats.prefill_time_s += time.perf_counter() - started
         _sync(device)
         t0 = time.perf_counter()
         logprobs: dict = {}

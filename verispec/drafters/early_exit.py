@@ -113,6 +113,14 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending = torch.cat([self.pending, last])
         self.pending_count = [1] * self.pending.shape[0]
 
+    @property
+    def joined_unread(self) -> int:
+        return super().joined_unread if self.target_cache is None else 0  # shared: the target's prefill wrote the layers
+
+    def read_joined(self) -> None:
+        if self.target_cache is None:
+            super().read_joined()
+
     def prefill(self) -> None:
         if self.target_cache is None:  # shared: the target's prefill already wrote these layers
             super().prefill()

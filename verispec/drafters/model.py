@@ -8,7 +8,10 @@ the recovered token is pending; after a step where all k proposals were accepted
 proposal x_k was never fed to the draft model, so x_k and the bonus token are both pending
 (forgetting x_k is the bug that lowered acceptance in vLLM PR #9730). A step with k = 0
 runs no draft pass at all: its committed token joins the pending ones, so a policy that
-stops speculating pays nothing for the draft. At temperature 0 a model that offers
+stops speculating pays nothing for the draft. Rows that join a running batch (`add_rows`) are
+read the same way: their prompts wait, unread, until the first proposal with k >= 1
+(`read_joined`), so a server whose policy decodes plain at a large batch never pays the
+draft's prefill for its joins. At temperature 0 a model that offers
 `greedy_continuation` (llama.cpp's) drafts the k tokens in one call: the same tokens, without
 a logits tensor between its passes.
 """
@@ -54,6 +57,7 @@ class ModelDrafter:
         self.pending = torch.tensor([list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)  # [B, P]
         self.pending_count = [len(p) for p in prompts]
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
+        self._unread: list[list[int] | None] = [None] * len(prompts)  # per row: a joined prompt's body the cache has not read (add_rows)
 
     @property
     def can_change_rows(self) -> bool:
@@ -68,6 +72,7 @@ class ModelDrafter:
         self.pending, self._live = self.pending.index_select(0, index), self._live.index_select(0, index)
         self.pending_count = [self.pending_count[r] for r in rows]
         self._prompts = [self._prompts[r] for r in rows]
+        self._unread = [self._unread[r] for r in rows]
 
     def reserve_row(self):
         """A one-row cache for a prompt read piece by piece before its request joins (the
@@ -78,22 +83,37 @@ class ModelDrafter:
         self.cache.release_row(view)
 
     def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
-        """New requests after the other rows (engine.Batch): each prompt is read now (all but its
-        last token, which is pending), or was read into `views` (from reserve_row) already."""
+        """New requests after the other rows (engine.Batch): each prompt's last token is pending
+        and the rest is read at the first proposal with k >= 1 (`read_joined`), or was read into
+        `views` (from reserve_row) already."""
         assert self.cache is not None, "start() first"
         if views is not None and all(v is not None for v in views):
             for view in views:
                 self.cache.adopt_row(view)
+            self._unread += [None] * len(prompts)
         else:
-            first = self.cache.batch_size
             self.cache.add_rows(len(prompts))
-            prefill_rows(self.model, self.cache, range(first, first + len(prompts)), [p[:-1] for p in prompts])
+            self._unread += [list(p[:-1]) for p in prompts]
         new = self.pending.new_zeros(len(prompts), self.pending.shape[1])
         new[:, 0] = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=new.device)
         self.pending = torch.cat([self.pending, new])
         self.pending_count += [1] * len(prompts)
         self._live = torch.cat([self._live, self._live.new_ones(len(prompts))])
         self._prompts = self._prompts + [list(p) for p in prompts]
+
+    @property
+    def joined_unread(self) -> int:
+        """Prompt tokens of joined rows that the draft model has not read yet."""
+        return sum(len(body) for body in self._unread if body is not None)
+
+    def read_joined(self) -> None:
+        """Read the prompts of rows that joined since the last proposal with k >= 1 (one call
+        for all of them; the engine calls it before a drafting pass, timed as prefill)."""
+        rows = [row for row, body in enumerate(self._unread) if body is not None]
+        if rows:
+            prefill_rows(self.model, self.cache, rows, [self._unread[row] for row in rows])  # empties each row, then writes
+            for row in rows:
+                self._unread[row] = None
 
     def prefill(self) -> None:
         """Read the prompts now (all but their last tokens, which stay pending): the engine calls
@@ -108,10 +128,11 @@ class ModelDrafter:
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.cache is not None, "start() first"
         batch = self.cache.batch_size
-        self._start_lengths = self.cache.host_lengths
         self._k = k
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
+        self.read_joined()
+        self._start_lengths = self.cache.host_lengths
         width = max(self.pending_count)
         if sampling.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
             draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache,

@@ -2,8 +2,8 @@
 
 Owns `Scheduler`: a bounded waiting queue and `max_batch` rows. Its loop, between target
 passes: requests whose client left (or whose text reached a stop string) are cancelled and
-their rows freed; waiting requests join free rows (their prompts prefilled in one call per
-model); then one pass over the running rows (`engine.Batch.step`), and each request is handed
+their rows freed; waiting requests join free rows (their prompts prefilled by the target in
+one call; a model draft reads them before its next drafting pass, so plain passes never pay for it); then one pass over the running rows (`engine.Batch.step`), and each request is handed
 its new tokens through its own callback. `Submission` is one request as the scheduler sees it.
 Knows nothing of HTTP or text; the metrics are told what happened (metrics.py).
 """
