@@ -115,10 +115,10 @@ def test_rows_on_sequences_out_of_order_give_each_row_its_own_results(toy_model)
 
 def test_rows_with_gaps_between_their_sequences_leave_the_gaps_as_they_were(toy_model):
     """Rows on sequences 0, 2 and 5 (rows 1, 3 and 4 left; sequence 3 holds a prompt being
-    read): each missing sequence gets one placeholder token after its last cell, so that
-    llama.cpp runs one ubatch instead of one per run of consecutive ids (`_fill_gaps`). The
-    rows' logits equal those on sequences 0, 1, 2, and the placeholders' cells are gone after
-    the pass: every missing sequence ends where it did."""
+    read): each missing sequence gets as many placeholder tokens as a row has (3) after its
+    last cell, so that llama.cpp runs one ubatch instead of one per run of consecutive ids and
+    token (`_fill_gaps`). The rows' logits equal those on sequences 0, 1, 2, and the
+    placeholders' cells are gone after the pass: every missing sequence ends where it did."""
     prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103, 104]]
     new = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
     plain = toy_model.new_cache(3, 64)
@@ -129,12 +129,45 @@ def test_rows_with_gaps_between_their_sequences_leave_the_gaps_as_they_were(toy_
     cache.keep_rows([0, 2, 5])
     context = cache.context
     context.decode(np.array([11, 12, 13]), np.arange(3), np.array([3, 3, 3]), False)
-    gaps, positions = context._fill_gaps(np.repeat([0, 2, 5], 3))
-    assert gaps.tolist() == [1, 3, 4] and positions.tolist() == [0, 3, 0]
-    assert context._fill_gaps(np.array([2, 3, 3, 4])) is None and context._fill_gaps(np.array([1])) is None
+    lengths = np.repeat([len(p) for p in prompts], 3) + np.tile(np.arange(3), 3)
+    gaps, positions = context._fill_gaps(np.repeat([0, 2, 5], 3), lengths)
+    assert gaps.tolist() == [1, 1, 1, 3, 3, 3, 4, 4, 4] and positions.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    pads, at = context._fill_gaps(np.array([2, 3, 3, 4]), np.array([5, 5, 6, 5]))  # 1, 2 and 1 tokens: padded to 2 each
+    assert pads.tolist() == [2, 4] and at.tolist() == [6, 6]
+    assert context._fill_gaps(np.array([2, 3, 4]), np.array([5, 5, 5])) is None and context._fill_gaps(np.array([1]), np.array([0])) is None
+    assert context._fill_gaps(np.repeat([0, 2], [30, 4]), np.r_[np.arange(30), np.arange(4)]) is None  # two prompts: padding would not pay
     assert torch.allclose(toy_model(new, cache), expected, atol=1e-3, rtol=0)
     last = [_llama().llama_memory_seq_pos_max(context.memory, seq) for seq in (1, 3, 4)]
     assert last == [-1, 2, -1]
+
+
+def test_ubatches_count_as_llama_cpps_split_equal():
+    """Runs of consecutive sequences with tokens, each ubatch the fewest tokens any has left."""
+    from verispec.models.llamacpp import _ubatches
+
+    assert _ubatches(np.array([2, 2, 2]), 512) == 1
+    assert _ubatches(np.array([2, 1, 2]), 512) == 3  # one token from each, then sequences 0 and 2 apart: one each
+    assert _ubatches(np.array([3, 0, 3, 3]), 512) == 2
+    assert _ubatches(np.array([1, 2, 3]), 512) == 3
+    assert _ubatches(np.array([100, 100]), 64) == 4  # 32 tokens of each per ubatch of 64
+
+
+def test_rows_with_unequal_tokens_and_a_gap_decode_as_alone(toy_model):
+    """A draft's pass where rows have 1 and 2 pending tokens and a sequence between them is
+    free: padded to 2 tokens on every sequence, its logits at each row's last token equal the
+    rows decoded one by one, and every sequence ends where its tokens end."""
+    prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103, 104]]
+    cache = toy_model.new_cache(4, 64)
+    toy_model.prefill([prompts[0], [8], prompts[1], prompts[2]], cache)
+    cache.keep_rows([0, 2, 3])  # sequence 1 is free
+    ids = torch.tensor([[1, 2], [4, 0], [7, 8]])
+    drafted = toy_model.greedy_continuation(ids, [2, 1, 2], 3, cache)
+    for row, (prompt, count) in enumerate(zip(prompts, [2, 1, 2])):
+        alone = toy_model.new_cache(1, 64)
+        toy_model.prefill([prompt], alone)
+        assert torch.equal(drafted[row], toy_model.greedy_continuation(ids[row : row + 1, :count], [count], 3, alone)[0])
+    ends = [_llama().llama_memory_seq_pos_max(cache.context.memory, seq) + 1 for seq in (0, 1, 2, 3)]
+    assert ends == [5 + 2 + 2, 0, 2 + 1 + 2, 4 + 2 + 2] == [cache.host_lengths[0], 0, *cache.host_lengths[1:]]
 
 
 def test_logits_equal_the_pytorch_model_on_the_same_weights(toy, toy_model, toy_model_f32_kv):

@@ -36,6 +36,8 @@ from .llama import CacheLengths
 
 _N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch
 _TOKENS_PER_ROW = 9  # a context takes B * 9 tokens per llama_decode (a verification of k = 8 for every row) when that is more
+_UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many positions of compute: the built-in
+#                       target on the 2-core EPYC, one row 10.7 ms a pass, each position more ~1.5 ms (BENCHMARKS.md)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
     "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
@@ -164,6 +166,19 @@ def _by_sequence(seqs: np.ndarray) -> np.ndarray | None:
     return np.argsort(seqs, kind="stable")
 
 
+def _ubatches(counts: np.ndarray, n_ubatch: int) -> int:
+    """How many ubatches llama.cpp's split_equal makes of a batch sorted by sequence, with
+    counts[i] tokens on the i-th sequence of a range (0: not in the batch): each takes the
+    lowest run of consecutive sequences with tokens left, and from each the fewest any has left."""
+    left, ubatches = counts.astype(np.int64).copy(), 0
+    while left.any():
+        start = int(np.flatnonzero(left)[0])
+        stop = start + (int(np.flatnonzero(left[start:] == 0)[0]) if (left[start:] == 0).any() else len(left) - start)
+        left[start:stop] -= min(int(left[start:stop].min()), max(n_ubatch // (stop - start), 1))
+        ubatches += 1
+    return ubatches
+
+
 class _Context:
     """One llama.cpp context: its KV memory for n_seq sequences of up to n_ctx_seq positions, and
     a llama_batch of n_batch = max(_N_BATCH, 9 n_seq) tokens with numpy views on its arrays
@@ -204,12 +219,12 @@ class _Context:
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
         view, reused by the next decode): it returns a copy or a reduction of it."""
         lib, results, inside = _llama(), [], 0.0
-        filled = self._fill_gaps(seqs)
-        if filled is not None:  # one placeholder token per missing sequence: one ubatch, not one per run
-            gaps, gap_positions = filled
-            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(gaps), bool)])
-            tokens = np.concatenate([tokens, np.zeros(len(gaps), tokens.dtype)])
-            positions, seqs = np.concatenate([positions, gap_positions]), np.concatenate([seqs, gaps])
+        filled = self._fill_gaps(seqs, positions)
+        if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
+            pads, pad_positions = filled
+            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(pads), bool)])
+            tokens = np.concatenate([tokens, np.zeros(len(pads), tokens.dtype)])
+            positions, seqs = np.concatenate([positions, pad_positions]), np.concatenate([seqs, pads])
         order = _by_sequence(seqs)
         if order is not None:  # llama.cpp's ubatches take runs of consecutive sequence ids in batch order
             tokens, positions, seqs = tokens[order], positions[order], seqs[order]
@@ -233,8 +248,10 @@ class _Context:
             if read is not None:
                 rows = count if isinstance(outputs, bool) else int(np.count_nonzero(outputs[start:end]))
                 results.append(read(self.logits(rows)))
-        if filled is not None:  # the placeholders' cells go: each sequence is as it was
-            for seq, position in zip(*filled):
+        if filled is not None:  # the placeholders' cells go: each sequence is as it was, plus its tokens
+            pads, pad_positions = filled
+            first = np.flatnonzero(np.r_[True, pads[1:] != pads[:-1]])  # each padded sequence's first placeholder
+            for seq, position in zip(pads[first], pad_positions[first]):
                 lib.llama_memory_seq_rm(self.memory, int(seq), int(position), -1)
         if read is None:
             return None, inside
@@ -243,23 +260,40 @@ class _Context:
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
         return found, inside
 
-    def _fill_gaps(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(sequences, positions) of one placeholder token for each sequence missing between the
-        batch's lowest and highest, at the position after its last cell; None without a gap (or
-        where a missing sequence's stream is full). llama.cpp cuts a batch into ubatches of
-        consecutive sequence ids (`_by_sequence`), each a full read of the weights: a server's
-        row that finished left a gap until a new row filled it, and 15 rows of the built-in
-        target with one gap took 57-63 ms a pass against 46-48 without (three gaps: 81-83 ms).
-        A placeholder adds one position to the pass; its cell is removed after the decode."""
-        present = np.unique(seqs)
-        if int(present[-1]) - int(present[0]) + 1 == len(present):
+    def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(sequences, positions) of placeholder tokens that give every sequence from the batch's
+        lowest to its highest the same number of tokens, or None where they would not pay.
+        With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
+        sequence ids that each take the same number of tokens from every one of them
+        (split_equal), and each ubatch reads every weight: a row that finished left a gap in a
+        server's sequences until a new row filled it (15 rows of the built-in target with one gap
+        took 57-63 ms a pass against 46-48 without), and a gap filled with one token still cut a
+        verification of 2 tokens a row in three (8 rows, k = 1: 52-55 ms against 33-35), as
+        rows with 1 and 2 pending tokens cut a draft's pass in two. The placeholders go after
+        each sequence's last cell (after its tokens in this batch), and their cells are removed
+        after the decode (`decode`). Padded where that costs fewer positions than the ubatches it
+        saves (`_UBATCH_POSITIONS` each): a decode pass, not a prefill of prompts of different lengths."""
+        present, counts = np.unique(seqs, return_counts=True)
+        lo, hi, most = int(present[0]), int(present[-1]), int(counts.max())
+        if hi - lo + 1 == len(present) and int(counts.min()) == most:
             return None
-        gaps = np.setdiff1d(np.arange(present[0], present[-1] + 1), present)
+        full = np.zeros(hi - lo + 1, dtype=np.int64)
+        full[present - lo] = counts
+        padded = len(full) * most
+        if padded > _N_BATCH or padded + _UBATCH_POSITIONS >= int(full.sum()) + _UBATCH_POSITIONS * _ubatches(full, _N_BATCH):
+            return None
+        ends = np.full(len(full), -1, dtype=np.int64)  # each sequence's next position
+        np.maximum.at(ends, seqs - lo, positions)
         pos_max = self._lib.llama_memory_seq_pos_max
-        positions = np.array([pos_max(self.memory, int(seq)) + 1 for seq in gaps], dtype=np.int64)
-        if int(positions.max()) >= self.n_ctx_seq:
+        for i in np.flatnonzero(full == 0):  # a sequence not in the batch: after its last cell
+            ends[i] = pos_max(self.memory, lo + int(i))
+        ends += 1
+        if int((ends + most - full).max()) > self.n_ctx_seq:
             return None
-        return gaps.astype(seqs.dtype), positions.astype(np.int64)
+        pad = most - full
+        pad_seqs = np.repeat(np.arange(lo, hi + 1), pad)
+        pad_positions = np.concatenate([np.arange(end, end + n) for end, n in zip(ends, pad)])
+        return pad_seqs.astype(seqs.dtype), pad_positions.astype(np.int64)
 
     def logits(self, rows: int) -> np.ndarray:
         """llama.cpp's logits of the last decode, [rows, V] float32 in place (no copy)."""
