@@ -605,6 +605,37 @@ def test_backed_off_drafting_resumes_only_for_a_gain_worth_the_catch_up():
     assert control[1].count(1) >= 90, control[1]
 
 
+def test_a_sparse_plain_time_is_measured_again_when_a_plain_pass_runs_well_under_it():
+    """16 rows: plain passes took 1.15 in a busy moment, so drafting (a k = 1 iteration takes 1.8,
+    acceptance 0.75) is predicted to gain 12%: under `explore`, so a plain pass is due every
+    `probe_every` drafting passes. Those run at 1.0, where drafting loses (S(1) = 0.97). The
+    first one runs 13% under the plain median, which spans more than 4 * recent passes: it is
+    dropped and `recent` new plain passes replace it, and the policy goes plain. The negative
+    control (only a plain time `refresh_every` passes old is measured again) drafts on while
+    one due pass after another moves the median of 27 by one place."""
+    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
+
+    def serve(sparse: bool) -> list[int]:
+        policy = _calibrated(t_target, lambda b: 0.1)
+        if not sparse:
+            policy._plain_sparse = policy._plain_stale
+        for _ in range(3 * policy.recent):
+            policy.observe(0, [], [], 0.0, 1.15, batch=16)
+        for _ in range(3 * policy.recent):
+            policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
+        chosen = []
+        for _ in range(200):
+            k = policy.choose(batch=16)
+            chosen.append(k)
+            policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, 1.0 if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
+        return chosen
+
+    chosen = serve(True)
+    assert chosen[-150:].count(0) >= 145, chosen
+    control = serve(False)
+    assert control[-150:].count(0) <= 20, control
+
+
 def test_a_plain_time_left_by_a_busy_moment_is_measured_again():
     """16 rows: plain passes took 1.6 in a busy moment, so drafting (a k = 1 iteration takes 1.8,
     acceptance 0.75) is predicted to gain 56% and no plain pass is measured there. Then plain

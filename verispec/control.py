@@ -55,8 +55,12 @@ tokens a ms against plain's 0.54). Drafting at a batch size where it is
 predicted to gain `explore` or more, the policy measures no plain pass there, so a plain time
 taken in a busy moment could stand for good (a server drafted at 16 rows for 200 passes and
 more on a plain stretch of 1.72 left by one): once the newest plain pass at a batch size
-is `refresh_every` passes old, one plain pass is due there; where it runs 10% under the old
-median, the old plain passes there are dropped and `recent` new ones are measured. The draft's cost
+is `refresh_every` passes old, one plain pass is due there. Any plain pass at a batch size
+whose plain passes are sparse (spanning more than 4 * recent passes: drafting there, with a
+plain pass due every `probe_every`) that runs 10% under their median drops them, and `recent`
+new ones are measured (at 16 rows a server drafted on a plain median of 47.5 ms taken in a
+busy moment, its k = 1 passes at 66-88 ms, while the plain passes due meanwhile ran 37 and
+43 ms and moved a median of 27 by one place each). The draft's cost
 is not taken from a drafting pass that follows plain passes, nor from the first one: there a
 model draft first reads every token committed since its last pass (the whole prompt, the
 first time), which says nothing about the cost per proposed token, and counting it made one
@@ -398,6 +402,13 @@ class AdaptiveLength:
         plain = self._stretch.get((batch, False))
         return plain is not None and self._passes - plain.newest > self.refresh_every
 
+    def _plain_sparse(self, batch: int) -> bool:
+        """Whether the plain passes behind this batch size's plain stretch span more than 4 * recent
+        passes (drafting there measures one plain pass now and then): such a median can hold a
+        busy moment long after it passed."""
+        plain = self._stretch.get((batch, False))
+        return plain is not None and self._passes - plain.oldest > 4 * self.recent
+
     def _return_speedup(self, batch: int, k: int, speedup: float, r_k: float) -> float:
         """S(k) with the catch-up of returning to drafting now spread over the passes that returns
         here have lasted (the module docstring); r_k: an iteration's time in plain passes' units."""
@@ -426,7 +437,7 @@ class AdaptiveLength:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
         if self._seeded_target and not catch_up:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
-            if k == 0 and self._plain_stale(batch) and ratio < 0.9 * self._stretch[(batch, False)].get():
+            if k == 0 and self._plain_sparse(batch) and ratio < 0.9 * self._stretch[(batch, False)].get():
                 del self._stretch[(batch, False)]  # the plain passes seen here long ago ran slower than plain runs now: stale
                 self._stale.add(batch)
             for kind in (k > 0, None, (batch, k > 0)):  # None: both kinds
