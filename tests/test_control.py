@@ -605,62 +605,46 @@ def test_backed_off_drafting_resumes_only_for_a_gain_worth_the_catch_up():
     assert control[1].count(1) >= 90, control[1]
 
 
+def _after_a_busy_moment(policy: AdaptiveLength, busy_plain_s: float, passes: int) -> list[int]:
+    """16 rows: plain passes took busy_plain_s, then drafting ones (k = 1, 1.8 an iteration,
+    acceptance 0.75); then the policy chooses for `passes` passes with plain ones at 1.0, where
+    drafting loses (S(1) = 0.97). Returns its choices."""
+    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
+    policy.seed_costs({16 * (k + 1): t_target(16 * (k + 1)) for k in range(policy.k_max + 1)},
+                      {(16, k): 0.1 * k for k in range(1, policy.k_max + 1)})
+    for _ in range(3 * policy.recent):
+        policy.observe(0, [], [], 0.0, busy_plain_s, batch=16)
+    for _ in range(3 * policy.recent):
+        policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
+    chosen = []
+    for _ in range(passes):
+        k = policy.choose(batch=16)
+        chosen.append(k)
+        policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, 1.0 if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
+    return chosen
+
+
 def test_a_sparse_plain_time_is_measured_again_when_a_plain_pass_runs_well_under_it():
-    """16 rows: plain passes took 1.15 in a busy moment, so drafting (a k = 1 iteration takes 1.8,
-    acceptance 0.75) is predicted to gain 12%: under `explore`, so a plain pass is due every
-    `probe_every` drafting passes. Those run at 1.0, where drafting loses (S(1) = 0.97). The
+    """Plain passes took 1.15 in a busy moment, so drafting is predicted to gain 12%: under
+    `explore`, so a plain pass is due every `probe_every` drafting passes. Those run at 1.0. The
     first one runs 13% under the plain median, which spans more than 4 * recent passes: it is
     dropped and `recent` new plain passes replace it, and the policy goes plain. The negative
     control (only a plain time `refresh_every` passes old is measured again) drafts on while
     one due pass after another moves the median of 27 by one place."""
-    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
-
-    def serve(sparse: bool) -> list[int]:
-        policy = _calibrated(t_target, lambda b: 0.1)
-        if not sparse:
-            policy._plain_sparse = policy._plain_stale
-        for _ in range(3 * policy.recent):
-            policy.observe(0, [], [], 0.0, 1.15, batch=16)
-        for _ in range(3 * policy.recent):
-            policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
-        chosen = []
-        for _ in range(200):
-            k = policy.choose(batch=16)
-            chosen.append(k)
-            policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, 1.0 if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
-        return chosen
-
-    chosen = serve(True)
-    assert chosen[-150:].count(0) >= 145, chosen
-    control = serve(False)
-    assert control[-150:].count(0) <= 20, control
+    assert _after_a_busy_moment(AdaptiveLength(), 1.15, 200)[-150:].count(0) >= 145
+    control = AdaptiveLength()
+    control._plain_sparse = control._plain_stale
+    assert _after_a_busy_moment(control, 1.15, 200)[-150:].count(0) <= 20
 
 
 def test_a_plain_time_left_by_a_busy_moment_is_measured_again():
-    """16 rows: plain passes took 1.6 in a busy moment, so drafting (a k = 1 iteration takes 1.8,
-    acceptance 0.75) is predicted to gain 56% and no plain pass is measured there. Then plain
-    passes run at 1.0, where drafting loses (S(1) = 0.97). Once the newest plain pass is
-    `refresh_every` passes old one is measured, runs well under the old median, and `recent` new
-    ones replace it: the policy goes plain. The negative control (no refresh) drafts on."""
-    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
-
-    def serve(refresh_every: int) -> list[int]:
-        policy = _calibrated(t_target, lambda b: 0.1)
-        policy.refresh_every = refresh_every
-        for _ in range(3 * policy.recent):
-            policy.observe(0, [], [], 0.0, 1.6, batch=16)
-        for _ in range(3 * policy.recent):
-            policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
-        chosen = []
-        for _ in range(800):
-            k = policy.choose(batch=16)
-            chosen.append(k)
-            policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k, 1.0 if k == 0 else 1.7 + 0.6 * (k - 1), batch=16)
-        return chosen
-
-    chosen = serve(AdaptiveLength.refresh_every)
+    """Plain passes took 1.6 in a busy moment, so drafting is predicted to gain 56% and no plain
+    pass is measured there. Once the newest plain pass is `refresh_every` passes old one is
+    measured, runs well under the old median, and `recent` new ones replace it: the policy goes
+    plain. The negative control (no refresh) drafts on."""
+    chosen = _after_a_busy_moment(AdaptiveLength(), 1.6, 800)
     assert chosen[:200].count(0) <= 2 and chosen[-300:].count(0) >= 290, chosen
-    assert serve(10**9)[-300:].count(0) <= 2
+    assert _after_a_busy_moment(AdaptiveLength(refresh_every=10**9), 1.6, 800)[-300:].count(0) <= 2
 
 
 def test_a_return_to_drafting_pays_for_its_catch_up():
