@@ -37,7 +37,7 @@ from .llama import CacheLengths
 _N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch
 _TOKENS_PER_ROW = 9  # a context takes B * 9 tokens per llama_decode (a verification of k = 8 for every row) when that is more
 _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many positions of compute: the built-in
-#                       target on the 2-core EPYC, one row 10.7 ms a pass, each position more ~1.5 ms (BENCHMARKS.md)
+#                       target on the 2-core EPYC, one row 10.7 ms a pass, each position more ~1.5 ms (8 rows: 22 ms plain, 34 ms at k = 1; server traces)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
     "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
@@ -268,7 +268,7 @@ class _Context:
         (split_equal), and each ubatch reads every weight: a row that finished left a gap in a
         server's sequences until a new row filled it (15 rows of the built-in target with one gap
         took 57-63 ms a pass against 46-48 without), and a gap filled with one token still cut a
-        verification of 2 tokens a row in three (8 rows, k = 1: 52-55 ms against 33-35), as
+        verification of 2 tokens a row in three (8 rows, k = 1: 50-59 ms against 33-35), as
         rows with 1 and 2 pending tokens cut a draft's pass in two. The placeholders go after
         each sequence's last cell (after its tokens in this batch), and their cells are removed
         after the decode (`decode`). Padded where that costs fewer positions than the ubatches it
