@@ -480,6 +480,7 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     report = json.loads(out["json"].read_text())
     assert len(report["levels"]) == 2 * 3 * 3 and all(level["errors"] == 0 for level in report["levels"])
     assert [level["warmup"] for level in report["levels"]] == ([True] * 3 + [False] * 6) * 2  # per level: the warm-up round first
+    assert [level["mode"] for level in report["levels"][:9]] == ["plain", "k=2", "k=auto", "k=2", "k=auto", "plain", "k=auto", "plain", "k=2"]  # each round starts one mode later
     medians = {(row["mode"], row["concurrency"]): row for row in report["medians"]}
     assert set(medians) == {(mode, c) for mode in ("plain", "k=2", "k=auto") for c in (1, 3)}
     for (mode, c), row in medians.items():

@@ -191,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     bsv.add_argument("--modes", default="plain,4,auto", help="with no --url: the servers started here: plain, a draft length, auto (default plain,4,auto)")
     bsv.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent requests, comma-separated (default 1,2,4,8,16,32)")
     bsv.add_argument("--prompts", help="JSON lines with a \"prompt\" each (default: the built-in held-out prompts)")
-    bsv.add_argument("--requests", type=_positive, default=None, help="requests per level and mode (default max(8, 2 x concurrency))")
+    bsv.add_argument("--requests", type=_positive, default=None, help="requests per level and mode (default max(16, 2 x concurrency))")
     bsv.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of each request (default 64)")
     bsv.add_argument("--temperature", type=float, default=0.0, help="of each request (default 0)")
     bsv.add_argument("--repeats", type=_positive, default=1, help="measured rounds of every mode at every level (default 1)")

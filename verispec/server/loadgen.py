@@ -161,12 +161,16 @@ def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[i
     """servers: mode -> base URL. Each level runs every mode in turn, first `warmups` rounds
     that are reported but not measured (vLLM's `bench serve --num-warmups`: a server's first
     requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
-    batch size new to it), then `repeats` measured rounds."""
+    batch size new to it), then `repeats` measured rounds. By default a round sends
+    max(16, 2 * concurrency) requests (at one request a round of 8 lasted ~4 s, and whole rounds
+    of every mode scattered 10-20% on a busy 2-core host); each round starts one mode later
+    than the one before, so that no mode always runs right after the same other."""
     levels = []
+    modes = list(servers.items())
     for c in concurrency:
-        n = requests or max(8, 2 * c)
+        n = requests or max(16, 2 * c)
         for round_ in range(warmups + repeats):
-            for mode, url in servers.items():
+            for mode, url in modes[round_ % len(modes):] + modes[:round_ % len(modes)]:
                 levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature, warmup=round_ < warmups))
                 if progress is not None:
                     progress(levels[-1])
