@@ -155,6 +155,64 @@ def test_probes_that_find_drafting_still_does_not_pay_come_less_often_until_it_d
     assert chosen.index(1) == 127, chosen
 
 
+def _probing_policy():
+    """The cost model of the test above (drafting pays at 32 rows only if nearly every proposal
+    were accepted), and a feed of `iterations` passes at one batch size and acceptance."""
+    t_target = lambda n: 0.2 + n / 30  # noqa: E731
+    policy = _calibrated(t_target, lambda b: 0.05)
+
+    def feed(batch: int, iterations: int, alpha: float = 0.75) -> list[int]:
+        chosen = []
+        for _ in range(iterations):
+            k = policy.choose(batch)
+            chosen.append(k)
+            policy.observe(k, [alpha * batch] * k, [batch] * k, k * 0.05, t_target(batch * (k + 1)), batch)
+        return chosen
+
+    return policy, feed
+
+
+def test_a_batch_size_not_seen_yet_probes_on_the_gap_of_the_nearest_one_seen():
+    """Backed off at 32 rows with probes there every 128 plain passes, the batch runs short
+    (30 rows, then 18) after a probe: the next probe comes 128 passes after it, not 16 (a
+    fresh gap at each new batch size: the negative control, a policy that has seen only
+    32 rows' neighbour at 4 rows, where probes come every 16, probes at 30 rows after 16)."""
+    policy, feed = _probing_policy()
+    chosen = feed(32, 600)
+    since = len(chosen) - 1 - max(i for i, k in enumerate(chosen) if k > 0)  # plain passes since the last probe
+    short = feed(30, 60) + feed(18, 200)
+    assert short.index(1) + since + 1 == 128, (since, short.index(1))
+
+    control, feed_control = _probing_policy()
+    feed_control(4, 40, alpha=0.1)  # 4 rows, where acceptance this low does not pay either: probes every 16 at most
+    assert control._gap(4) <= 32 and feed_control(30, 40).index(1) < 32
+
+
+def test_a_return_to_drafting_that_does_not_last_counts_as_a_probe_that_failed():
+    """Backed off at 32 rows (probes every 128), two single-row passes whose every proposal is
+    accepted lift the acceptance estimate, faded by the long back-off, to about 1, where drafting
+    at 32 rows pays: the policy returns there, the betas of 0.75 pull the estimate down within
+    a few passes and it backs off. That return is a failed probe: the next comes 128 plain
+    passes later, not 16. The control: a return that lasts (acceptance 1 for 30 passes at 32
+    rows before it falls to 0.75) ends with the next probe after 16, as drafting paid."""
+
+    def gap_after_return(lasting: int) -> tuple[int, int]:
+        policy, feed = _probing_policy()
+        feed(32, 600)
+        feed(1, 2, alpha=1.0)
+        chosen = feed(32, lasting, alpha=1.0) + feed(32, 400)
+        drafted = [i for i, k in enumerate(chosen) if k > 0]
+        # the return's last pass: the first followed by more than two plain ones (a plain pass is
+        # measured now and then while drafting gains less than `explore`)
+        run_end = next(i for i, j in zip(drafted, drafted[1:]) if j - i > 3)
+        return run_end + 1, next(i for i in drafted if i > run_end) - run_end - 1
+
+    lasted, gap = gap_after_return(0)
+    assert lasted < AdaptiveLength.recent and gap + 1 == 128, (lasted, gap)
+    lasted, gap = gap_after_return(30)
+    assert lasted >= AdaptiveLength.recent and gap + 1 == 16, (lasted, gap)
+
+
 def test_a_drafting_pass_that_catches_up_does_not_count_as_the_drafts_cost():
     """A model draft's first pass reads the whole prompt, and a pass after plain passes reads
     every token since: a slow pass that must not make the policy think drafting is dear."""
@@ -445,11 +503,28 @@ def test_the_service_stretch_is_the_batch_sizes_own_once_it_has_seen_enough():
             policy.observe(2, [0.7 * batch] * 2, [batch] * 2, 0.0, seconds, batch=batch)
 
     serve(1, 0.8, 20)
-    serve(8, 1.25, policy.recent - 1)
+    serve(8, 1.25, policy.recent)  # the first pass at 8 rows, right after the batch size changed, is not timed
     assert policy.stretch(2, 8) == pytest.approx(0.8)
     serve(8, 1.25, 1)
     assert policy.stretch(2, 8) == pytest.approx(1.25) and policy.stretch(5, 8) == pytest.approx(1.25)
     assert policy.stretch(2, 1) == pytest.approx(0.8) and policy.stretch(2, 4) == pytest.approx(0.8)
+
+
+def test_a_pass_right_after_rows_left_or_joined_is_not_timed():
+    """Drafting passes at 4 rows that each come right after a pass at 32 rows (28 rows just left)
+    take five times the calibration's: their seconds carry the bookkeeping of the rows that left,
+    not what drafting at 4 rows costs, and are not timed (the stretch at 4 rows stays at 1: nothing
+    timed). The control: the same slow passes after a pass at 4 rows are timed, and set it at 5."""
+
+    def stretch_at_4(previous: int) -> float:
+        policy = _calibrated(lambda n: 1.0, lambda b: 0.1)
+        for _ in range(2 * policy.recent):
+            policy.observe(1, [0.7 * previous], [previous], 0.0, policy.calibrated_seconds(previous, 1), batch=previous)
+            policy.observe(2, [0.7 * 4] * 2, [4] * 2, 0.0, 5 * policy.calibrated_seconds(4, 2), batch=4)
+        return policy.stretch(2, 4)
+
+    assert stretch_at_4(32) == pytest.approx(1.0)
+    assert stretch_at_4(4) == pytest.approx(5.0)
 
 
 def test_where_drafting_looks_marginal_plain_passes_are_measured_at_that_batch_size():

@@ -12,7 +12,7 @@ S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `
   fresh look; one proposed but not reached (an earlier rejection) neither counts nor ages;
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
-  measured, past them the profile's shape; the first pass at each shape is not timed) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
+  measured, past them the profile's shape; the first pass at each shape is not timed, nor, in service, a pass right after rows left or joined) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
   token fitted over the lengths timed at B, else interpolated between batch sizes), both the
   median of the last `recent` iterations with that key (a mean let one stalled pass on a busy
   2-core machine flip the choice), where "target" time is everything in an iteration but the draft passes
@@ -38,7 +38,9 @@ at 32 rows had drafted for 16 passes, at two plain passes' cost each, when it co
 `probe_every` plain iterations so that it notices when drafting pays again (and after twice as
 many after each probe at that batch size that finds it still does not pay, up to 8 times: at 32
 rows a probe costs two plain passes, since the draft first reads every token since its last
-pass; drafting at another batch size measures acceptance meanwhile), unless the costs alone
+pass; drafting at another batch size measures acceptance meanwhile; a batch size not seen yet starts
+from the gap of the nearest one seen, and a return to drafting that lasts fewer than `recent`
+passes counts as a probe that found drafting does not pay), unless the costs alone
 rule drafting out (no k pays even if every proposal were accepted: a draft as slow as the
 target); then it does not probe at all (a probe would make the draft catch up on every token
 since its last pass, for nothing). Backed off at a batch size, the policy drafts again only where
@@ -71,6 +73,7 @@ Knows nothing of models or tokens.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -214,6 +217,9 @@ class AdaptiveLength:
     _stale: set[int] = field(init=False, repr=False)  # batch sizes whose old plain passes were dropped (`refresh_every`)
     _drafted: bool = field(init=False, default=False)
     _first_betas: int = field(init=False, default=0)  # betas seen at the first draft position, over all rows
+    _last_batch: int = field(init=False, default=0)  # the previous pass's batch size: a pass right after rows left or joined is not
+    #   timed in service (its seconds carry their bookkeeping: at 4 rows, drafting passes right after 28 rows left took
+    #   119-361 ms against 35-45 ms, and stood as drafting's time there until the policy, backed off, predicted k = 1 at 0.5 of plain)
 
     def __post_init__(self) -> None:
         if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
@@ -366,11 +372,12 @@ class AdaptiveLength:
         best = shortest_near_best(speedups, self.tolerance)
         if best > 0 and batch in self._backed_off and self._return_speedup(batch, best, speedups[best], r[best] + best * c) < 1 + self.switch:
             best = 0  # too small a gain to pay for going back: see `switch`
-        if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain passes
-            self._probe_gap[batch] = self.probe_every
-            if batch in self._backed_off:
+        if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain
+            if batch in self._backed_off:  # passes, unless it stops within `recent` passes of a return (below)
                 self._backed_off.discard(batch)
                 self._returned_at[batch] = self._passes
+            if self._passes - self._returned_at.get(batch, -self.recent) >= self.recent:
+                self._probe_gap[batch] = self.probe_every
             if self._plain_stale(batch):
                 return 0  # plain has not been measured here for long: see `refresh_every`
             plain = self._stretch.get((batch, False))
@@ -384,8 +391,11 @@ class AdaptiveLength:
         if batch not in self._backed_off:
             self._backed_off.add(batch)
             if batch in self._returned_at:  # a return to drafting ends: how long it lasted
-                self._episodes.setdefault(batch, _Recent(self.recent)).add(self._passes - self._returned_at.pop(batch))
-        gap = self._probe_gap.get(batch, self.probe_every)
+                lasted = self._passes - self._returned_at.pop(batch)
+                self._episodes.setdefault(batch, _Recent(self.recent)).add(lasted)
+                if lasted < self.recent:  # a return that did not last is a probe that found drafting still does not pay
+                    self._probe_gap[batch] = min(2 * self._gap(batch), 8 * self.probe_every)
+        gap = self._gap(batch)
         due = self._since_draft + 1 >= gap
         if self._first_betas < self.min_evidence or due:
             # too few betas to give up on drafting (greedy betas are 0 or 1: two early rejections
@@ -396,6 +406,17 @@ class AdaptiveLength:
                     self._probe_gap[batch] = min(2 * gap, 8 * self.probe_every)
                 return 1
         return 0
+
+    def _gap(self, batch: int) -> int:
+        """Plain passes before the next probe at this batch size; at a batch size not seen yet,
+        the gap of the nearest one seen (by ratio), not a fresh `probe_every`: acceptance is the
+        same at every batch size, and a server at 32 rows whose batch ran short while clients
+        sent their next requests probed at 18 and at 30 rows, new each, catching up 64 plain
+        passes each time (137-226 ms against a plain pass's 75-90), while 32 rows probed every 64."""
+        if batch in self._probe_gap or not self._probe_gap:
+            return self._probe_gap.get(batch, self.probe_every)
+        nearest = min(self._probe_gap, key=lambda seen: (abs(math.log(seen / batch)), -seen))
+        return self._probe_gap[nearest]
 
     def _plain_stale(self, batch: int) -> bool:
         """Whether the newest plain pass at this batch size is `refresh_every` passes old (none: not stale)."""
@@ -435,7 +456,8 @@ class AdaptiveLength:
 
     def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
-        if self._seeded_target and not catch_up:
+        changed, self._last_batch = self._last_batch not in (0, batch), batch  # rows left or joined since the last pass: see `_last_batch`
+        if self._seeded_target and not catch_up and not changed:
             ratio = (target_s + draft_s) / self.calibrated_seconds(batch, k)
             if k == 0 and self._plain_sparse(batch) and ratio < 0.9 * self._stretch[(batch, False)].get():
                 del self._stretch[(batch, False)]  # the plain passes seen here long ago ran slower than plain runs now: stale
