@@ -127,37 +127,10 @@ def test_a_draft_too_slow_to_ever_pay_is_not_probed():
     assert sum(k > 0 for k in slow_chosen[8:]) == 0 and sum(k > 0 for k in bad_chosen[8:]) >= 8, (slow_chosen, bad_chosen)
 
 
-def test_probes_that_find_drafting_still_does_not_pay_come_less_often_until_it_does():
-    """32 rows whose pass is compute-bound enough that drafting pays only if nearly every
-    proposal were accepted (S(1) = 0.93 at acceptance 0.75, 1.06 at 1): after the first 16 betas
-    the policy probes k = 1 after 16 plain passes, then 32, 64, and then every 128 (8 *
-    probe_every; a policy whose gap stayed at probe_every, the negative control, gives 16s).
-    Then a single row, where drafting pays: the policy drafts. Back at 32 rows the gap is that
-    batch size's own, still 128: the drafting at one row measured acceptance already, and a
-    probe at 32 rows costs a catch-up of every row's tokens since the draft last ran."""
-    t_target = lambda n: 0.2 + n / 30  # noqa: E731
-    policy = _calibrated(t_target, lambda b: 0.05)
-
-    def feed(batch: int, iterations: int) -> list[int]:
-        chosen = []
-        for _ in range(iterations):
-            k = policy.choose(batch)
-            chosen.append(k)
-            policy.observe(k, [0.75 * batch] * k, [batch] * k, k * 0.05, t_target(batch * (k + 1)), batch)
-        return chosen
-
-    chosen = feed(32, 600)
-    probes = [i for i, k in enumerate(chosen) if k > 0][1:]  # past the evidence phase: one pass of 32 betas
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:4] == [32, 64, 128, 128] and set(chosen) == {0, 1}, gaps
-    assert feed(1, 30)[-10:].count(0) == 0
-    chosen = feed(32, 140)
-    assert chosen.index(1) == 127, chosen
-
-
 def _probing_policy():
-    """The cost model of the test above (drafting pays at 32 rows only if nearly every proposal
-    were accepted), and a feed of `iterations` passes at one batch size and acceptance."""
+    """The cost model of the probing tests below (drafting pays at 32 rows only if nearly
+    every proposal were accepted), and a feed of `iterations` passes at one batch size and
+    acceptance."""
     t_target = lambda n: 0.2 + n / 30  # noqa: E731
     policy = _calibrated(t_target, lambda b: 0.05)
 
@@ -170,6 +143,24 @@ def _probing_policy():
         return chosen
 
     return policy, feed
+
+
+def test_probes_that_find_drafting_still_does_not_pay_come_less_often_until_it_does():
+    """32 rows whose pass is compute-bound enough that drafting pays only if nearly every
+    proposal were accepted (S(1) = 0.93 at acceptance 0.75, 1.06 at 1): after the first 16 betas
+    the policy probes k = 1 after 16 plain passes, then 32, 64, and then every 128 (8 *
+    probe_every; a policy whose gap stayed at probe_every, the negative control, gives 16s).
+    Then a single row, where drafting pays: the policy drafts. Back at 32 rows the gap is that
+    batch size's own, still 128: the drafting at one row measured acceptance already, and a
+    probe at 32 rows costs a catch-up of every row's tokens since the draft last ran."""
+    policy, feed = _probing_policy()
+    chosen = feed(32, 600)
+    probes = [i for i, k in enumerate(chosen) if k > 0][1:]  # past the evidence phase: one pass of 32 betas
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:4] == [32, 64, 128, 128] and set(chosen) == {0, 1}, gaps
+    assert feed(1, 30)[-10:].count(0) == 0
+    chosen = feed(32, 140)
+    assert chosen.index(1) == 127, chosen
 
 
 def test_a_batch_size_not_seen_yet_probes_on_the_gap_of_the_nearest_one_seen():
