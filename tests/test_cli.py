@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from verispec.cli import main
+from verispec.cli import AUTO_CONFIDENCE_THRESHOLD, main, parse_args
 from verispec.models.toy import make_toy_pair
 
 
@@ -83,6 +83,16 @@ def test_k_auto_runs_and_reports(pair, capsys):
     target, draft = pair
     assert main(["generate", "x = 1", "--target", str(target), "--draft", str(draft), "--k", "auto", "--max-new-tokens", "20", "--ignore-eos"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("20 tokens in")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_k_auto_brings_a_confidence_stop_unless_one_is_given(command):
+    prompt = ["x"] if command == "generate" else []
+    assert parse_args([command, *prompt]).confidence_threshold == AUTO_CONFIDENCE_THRESHOLD > 0  # --k auto is the default
+    assert parse_args([command, *prompt, "--k", "3"]).confidence_threshold == 0.0
+    assert parse_args([command, *prompt, "--confidence-threshold", "0"]).confidence_threshold == 0.0
+    assert parse_args([command, *prompt, "--k", "3", "--confidence-threshold", "0.5"]).confidence_threshold == 0.5
+    assert parse_args(["bench", "--prompts", "p.jsonl"]).confidence_threshold == 0.0  # a bench compares draft lengths under one drafter: off unless given
 
 
 def test_console_script_runs_in_a_subprocess(pair):

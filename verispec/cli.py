@@ -112,10 +112,19 @@ def _confidence(text: str) -> float:
     return value
 
 
-def _add_confidence_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--confidence-threshold", type=_confidence, default=0.0,
+# `--k auto`'s confidence stop unless --confidence-threshold is given: the policy sets the longest
+# draft of a pass, the draft ends it sooner where it is unsure. Measured (BENCHMARKS.md, serve A/B of
+# 2026-12-03 and run 29): auto with it served 1.01-1.09x auto without it at 1, 2 and 4 concurrent
+# requests (medians of four rounds), 0.98x at 8, where the policy mostly proposes 0 anyway.
+AUTO_CONFIDENCE_THRESHOLD = 0.3
+
+
+def _add_confidence_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """auto: the default follows --k (AUTO_CONFIDENCE_THRESHOLD with --k auto, else off; `main` resolves it)."""
+    default = f"{AUTO_CONFIDENCE_THRESHOLD:g} with --k auto, else 0 = off" if auto else "0 = off"
+    parser.add_argument("--confidence-threshold", type=_confidence, default=None if auto else 0.0,
                         help="a model draft stops early where its most likely token's probability is below this "
-                             "(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)")
+                             f"(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default {default})")
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float) -> None:
@@ -160,7 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
-    _add_confidence_argument(gen)
+    _add_confidence_argument(gen, auto=True)
     _add_backend_arguments(gen)
 
     srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over a continuous batcher (needs the serve extra)")
@@ -181,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(needs the ray extra; --threads is then per replica, default cores // N); default: one engine in this process")
     srv.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster (e.g. auto, or HOST:6379) instead of "
                      "starting a local one; the model paths must exist on every node")
-    _add_confidence_argument(srv)
+    _add_confidence_argument(srv, auto=True)
     _add_backend_arguments(srv)
 
     bsv = commands.add_parser("bench-serve", help="load `verispec serve` on this machine: throughput and latency against concurrency, "
@@ -976,6 +985,12 @@ def load_serve_tokenizer(options: dict):
     return load_tokenizer(args.target)
 
 
+def _stop_note(args: argparse.Namespace) -> str:
+    """', confidence stop P' where a model draft has one (none with --draft none or ngram)."""
+    model_draft = not str(args.draft).startswith(("none", "ngram", "early-exit:"))
+    return f", confidence stop {args.confidence_threshold:g}" if args.confidence_threshold and model_draft else ""
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from .server.run import build, run
@@ -991,7 +1006,7 @@ def _serve(args: argparse.Namespace) -> int:
     app, scheduler = build(models.target, models.drafter, models.tokenizer, model_name=models.name, k=models.k, max_batch=args.max_batch,
                            max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=models.eos,
                            chat_template=models.chat_template, prefill_chunk=args.prefill_chunk)
-    print(f"verispec serve: {models.name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}, "
+    print(f"verispec serve: {models.name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}{_stop_note(args)}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
     run(app, args.host, args.port)
     return 0
@@ -1022,7 +1037,7 @@ def _serve_replicas(args: argparse.Namespace) -> int:
 
     def ready(url: str, ray_address: str) -> None:
         print(f"verispec serve: {frontend.model_name} on {url}/v1 ({args.replicas} replicas x {args.max_batch} rows, "
-              f"{args.threads} threads each, k={args.k}, context {frontend.max_model_len}; Ray at {ray_address}); Ctrl-C stops",
+              f"{args.threads} threads each, k={args.k}{_stop_note(args)}, context {frontend.max_model_len}; Ray at {ray_address}); Ctrl-C stops",
               file=sys.stderr, flush=True)
 
     try:
@@ -1124,8 +1139,17 @@ def _flag_names(message: str) -> str:
     return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the defaults that depend on other flags resolved: generate's and
+    serve's --confidence-threshold follows --k (AUTO_CONFIDENCE_THRESHOLD with auto, else 0)."""
     args = _parser().parse_args(argv)
+    if getattr(args, "confidence_threshold", 0.0) is None:
+        args.confidence_threshold = AUTO_CONFIDENCE_THRESHOLD if args.k == "auto" else 0.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
     except UnicodeDecodeError as error:  # a text file that is not UTF-8 (a ValueError too, but its message names no file)
