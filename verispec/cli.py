@@ -116,6 +116,7 @@ def _confidence(text: str) -> float:
 # draft of a pass, the draft ends it sooner where it is unsure. Measured (BENCHMARKS.md, serve A/B of
 # 2026-12-03 and run 29): auto with it served 1.01-1.09x auto without it at 1, 2 and 4 concurrent
 # requests (medians of four rounds), 0.98x at 8, where the policy mostly proposes 0 anyway.
+# A later A/B at one request (15 rounds, BENCHMARKS.md run 30) measured 0.978x: not settled.
 AUTO_CONFIDENCE_THRESHOLD = 0.3
 
 
