@@ -11,12 +11,14 @@ compiled kernel and listed by `kernel_choices()`). `VERISPEC_KERNELS=1` always u
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and
 ninja; about a minute) into a directory keyed by the source's hash, the torch and Python
 versions and the CPU capability, so installs of different versions never rebuild each
-other's. Where that fails the fallback is used, said once on stderr and by `kernel_status()`.
+other's; under an flock of its own, so that a build killed midway does not leave the next start
+waiting for good (`_build_lock`). Where that fails the fallback is used, said once on stderr and by `kernel_status()`.
 Knows nothing of models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -61,6 +63,26 @@ def cache_root() -> Path:
     return Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec")) / "kernels"
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Hold an flock on build_dir (the OS drops it when its process dies) while torch's loader
+    runs, and under it delete torch's own `lock` file: torch's loader waits, without end, for that
+    file to go, and a build killed midway (Ctrl-C, a killed test run) leaves it behind, so that
+    every later start hung. Holding the flock means no other verispec process is building here."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock alone
+        yield
+        return
+    with open(build_dir / "verispec.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _load():
     global _kernel, _status, _build_dir, _choices
     if _status != "not loaded":
@@ -78,8 +100,9 @@ def _load():
             _build_dir.mkdir(parents=True, exist_ok=True)
             if not list(_build_dir.glob("*.so")):
                 print(f"verispec: compiling the CPU kernel into {_build_dir} (once; about a minute)", file=sys.stderr, flush=True)
-            _kernel = load(f"{_NAME}_{key}", [str(_SOURCE)], build_directory=str(_build_dir), extra_cflags=_CFLAGS,
-                           extra_ldflags=["-fopenmp"], verbose=False)
+            with _build_lock(_build_dir):
+                _kernel = load(f"{_NAME}_{key}", [str(_SOURCE)], build_directory=str(_build_dir), extra_cflags=_CFLAGS,
+                               extra_ldflags=["-fopenmp"], verbose=False)
             _status = "skinny kernel loaded"
             try:
                 _choices = json.loads((_build_dir / "choices.json").read_text())
