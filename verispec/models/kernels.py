@@ -75,12 +75,9 @@ def _build_lock(build_dir: Path):
         yield
         return
     with open(build_dir / "verispec.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            (build_dir / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
 
 
 def _load():
