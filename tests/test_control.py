@@ -9,6 +9,8 @@ acceptance is low, the draft is expensive, or verification is compute-bound.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from stats_helpers import assert_distributed_as
@@ -745,3 +747,77 @@ def test_a_return_to_drafting_pays_for_its_catch_up():
     assert sum(k > 0 for k in backed_off) <= 3 and paying.count(1) >= 90, (backed_off, paying)
     _, control, control_paying = serve(0.0)
     assert sum(k > 0 for k in control) >= 8 and control_paying.count(1) >= 90, control
+
+
+def test_at_one_row_acceptance_averages_over_memory_betas_and_the_choice_stays_put():
+    """One row, greedy betas (each 0 or 1) drawn at 0.7 at every position, memory-bound passes
+    and a draft step of 0.115: k = 3 and 4 are within 1% of each other, and 2 and 5 are not.
+    Over `memory` (160) betas the estimate stays near 0.7 and the policy chooses 3 or 4 on more
+    than 99% of 1,900 passes; over 20 passes (memory 1: the negative control) +-0.1 swings send
+    it to 2, 5 or 6 on more than 3% of them. Seeded: the same draws every run."""
+    def off_choices(memory: int, seed: int) -> float:
+        rng = random.Random(seed)
+        policy = AdaptiveLength(k_max=8, memory=memory)
+        policy.seed_costs({k + 1: 1.0 for k in range(9)}, {(1, k): 0.115 * k for k in range(1, 9)})
+        chosen = []
+        for _ in range(2000):
+            k = policy.choose()
+            chosen.append(k)
+            betas: list[float] = []
+            while len(betas) < k and (not betas or betas[-1]):  # verified up to the first rejection
+                betas.append(float(rng.random() < 0.7))
+            policy.observe(k, betas + [0.0] * (k - len(betas)), [1] * len(betas) + [0] * (k - len(betas)), 0.115 * k, 1.0)
+        return sum(k not in (3, 4) for k in chosen[100:]) / len(chosen[100:])
+
+    for seed in range(3):
+        assert off_choices(AdaptiveLength.memory, seed) < 0.01
+        assert off_choices(1, seed) > 0.03
+
+
+def test_where_a_pass_brings_many_betas_the_estimate_follows_as_fast_as_before():
+    """`memory` only slows an estimate fed fewer than memory / 20 betas a pass: at 32 rows a drop
+    in acceptance from 0.7 to 0.3 takes the estimate below 0.4 in as many passes as with no memory."""
+    def passes_to_follow(memory: int) -> int:
+        policy = AdaptiveLength(k_max=8, memory=memory)
+        for _ in range(100):
+            policy.observe(3, [0.7 * 32] * 3, [32] * 3, 0.3, 1.0, batch=32)
+        for i in range(100):
+            policy.observe(3, [0.3 * 32] * 3, [32] * 3, 0.3, 1.0, batch=32)
+            if policy.alphas()[0] < 0.4:
+                return i
+        return 100
+
+    assert passes_to_follow(AdaptiveLength.memory) == passes_to_follow(1) < 40
+    assert passes_to_follow(32 * 20 * 4) > 40  # a memory above 20 passes' betas would slow it
+
+
+def test_a_draft_that_stops_on_its_own_is_modelled_by_how_often_it_goes_on():
+    """k = 6 asked of a draft that stops after one token on 4 passes in 5 (a confidence stop):
+    the policy measures that it goes on past the first position 1 time in 5 and past the others
+    always, and predicts S from that (theory.capped_speedups), so a long cap costs only where
+    the draft uses it. Positions asked for but not proposed are no news: their estimates (0.9
+    where verified) keep their evidence; told nothing of the cap (the negative control), the
+    policy fades them as positions not asked for, toward the first's 0.6."""
+    from verispec.theory import capped_speedups
+
+    def run(tell_cap: bool) -> AdaptiveLength:
+        policy = AdaptiveLength(k_max=8)
+        policy.seed_costs({n: 1.0 for n in range(1, 10)}, {(1, k): 0.15 * k for k in range(1, 9)})
+        for i in range(400):
+            k = 1 if i % 5 < 4 else 6
+            betas = [0.6] + [0.9] * (k - 1)
+            policy.observe(k, betas, [1] * k, 0.15 * k, 1.0, cap=6 if tell_cap else None)
+        return policy
+
+    policy = run(tell_cap=True)
+    goes_on = policy.continues()
+    assert goes_on[0] == pytest.approx(1.0) and goes_on[1] == pytest.approx(0.2, abs=0.08), goes_on
+    assert min(goes_on[2:6]) > 0.97, goes_on
+    alphas = policy.alphas()
+    assert min(alphas[1:6]) > 0.85, alphas
+    alphas_, c, r = policy._model_inputs()
+    assert policy.predicted_speedups() == capped_speedups(alphas_, goes_on, c, r, 8)[0]
+    assert policy.continues(batch=4)[1] == pytest.approx(1 - (1 - goes_on[1]) ** 4)  # not seen at 4 rows: all rows must stop
+    blind = run(tell_cap=False)
+    assert blind.continues()[1] == 1.0  # only ever told k = 1 or 6, all proposed
+    assert max(blind.alphas()[1:6]) < 0.84, blind.alphas()

@@ -22,6 +22,7 @@ from verispec.theory import (
     MAX_SUM_TERMS,
     CostModel,
     acceptance_rate,
+    capped_speedups,
     expected_tokens,
     expected_tokens_per_position,
     mixed_speedup,
@@ -293,6 +294,33 @@ def test_mixed_speedup_is_expected_tokens_over_expected_cost_per_pass():
     tokens, cost = Fraction(1, 4) + Fraction(3, 4) * Fraction(19, 10), Fraction(1, 4) + Fraction(3, 4) * Fraction(14, 10)
     assert mixed_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2], [0.25, 0.0, 0.75]) == pytest.approx(float(tokens / cost), rel=1e-14)
     assert float(tokens / cost) < refined_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2])  # ignoring plain passes overstates S
+
+
+@PROPERTY
+@given(alpha_lists, cost_ratios, st.data())
+def test_a_capped_draft_is_the_mixed_model_over_where_it_stops(alphas, c, data):
+    """capped_speedups(k) is mixed_speedup with the shares a draft that goes on past position i
+    with probability continues[i] gives: P(proposes j) = D_j - D_{j+1} below the cap, D_k at it;
+    a draft that always goes on is the refined model."""
+    assume(alphas)
+    k = len(alphas)
+    r = data.draw(cost_curves(k + 1))
+    goes_on = data.draw(st.lists(probabilities, min_size=k, max_size=k))
+    speedups, costs = capped_speedups(alphas, goes_on, c, r, k)
+    reach = [math.prod(goes_on[:j]) for j in range(k + 1)]  # D_j
+    for cap in range(k + 1):
+        shares = [reach[j] - reach[j + 1] for j in range(cap)] + [reach[cap]] + [0.0] * (k - cap)
+        assume(abs(sum(shares) - 1.0) <= 1e-9)
+        assert speedups[cap] == pytest.approx(mixed_speedup(alphas, c, r, shares), rel=1e-9)
+        assert costs[cap] == pytest.approx(sum(w * (j * c + r[j]) for j, w in enumerate(shares)), rel=1e-9)
+    assert capped_speedups(alphas, [1.0] * k, c, r, k)[0] == pytest.approx(refined_speedups(alphas, c, r, k), rel=1e-12)
+
+
+def test_capped_speedups_names_what_is_wrong():
+    with pytest.raises(ValueError, match="continues"):
+        capped_speedups([0.5, 0.5], [1.0, 1.5], 0.1, [1.0, 1.0, 1.0], 2)
+    with pytest.raises(ValueError, match="k_max"):
+        capped_speedups([0.5, 0.5], [1.0], 0.1, [1.0, 1.0, 1.0], 2)
 
 
 @PROPERTY

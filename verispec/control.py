@@ -6,10 +6,17 @@ iteration, the shortest k in 0..k_max whose predicted speed-up
 S(k) = E(alpha_1..alpha_k) / (k*c + r(k+1)) (theory.refined_speedup) is within `tolerance`
 (1%) of the best (`shortest_near_best`):
 - alpha_i: the running mean of beta at verified draft position i (the exact conditional
-  acceptance probability; lower variance than counting accepts), past the first position
+  acceptance probability; lower variance than counting accepts) over about 20 passes, or
+  `memory` (160) betas where passes bring fewer (one row), past the first position
   pulled toward the first's estimate by `shrink` betas (deep positions are verified seldom);
   a position not proposed ages, during plain passes too, so that a long back-off ends with a
-  fresh look; one proposed but not reached (an earlier rejection) neither counts nor ages;
+  fresh look; one proposed but not reached (an earlier rejection), or asked for but not
+  proposed (the draft stopped on its own), neither counts nor ages;
+- d_i: how often a draft asked for more than i tokens, having proposed i, proposes one more
+  (`continues`, by batch size): k caps a draft with a confidence stop, and S(k) is
+  theory.capped_speedups (a position past the draft's own stop costs only when it is reached;
+  counted as if always proposed, auto capped one row at k = 3 and ran 2.44 tokens a pass
+  against 2.63 at the cap of 4 it chooses with d_i);
 - the cost of an iteration at batch size B and draft length k: t_target over the B(k+1)
   positions of its pass (measured at that count, else interpolated between the counts
   measured, past them the profile's shape; the first pass at each shape is not timed, nor, in service, a pass right after rows left or joined) plus t_draft(B, k) (measured, else a fixed cost per drafting pass plus a cost per
@@ -80,7 +87,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .config import SpecConfig
-from .theory import refined_optimal_k, refined_speedups
+from .theory import capped_speedups, refined_optimal_k
 
 
 @runtime_checkable
@@ -90,9 +97,11 @@ class DraftLengthPolicy(Protocol):
     def choose(self, batch: int = 1) -> int:
         """The draft length for the next iteration of `batch` rows, in 0..k_max."""
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
-        """After an iteration of `batch` rows with draft length k: per draft position, the sum of
-        beta over the rows' verified positions and their number; the seconds spent drafting and the rest."""
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1,
+                cap: int | None = None) -> None:
+        """After an iteration of `batch` rows that proposed k tokens: per draft position, the sum of
+        beta over the rows' verified positions and their number; the seconds spent drafting and the
+        rest; cap: the draft length chosen for it (None: k), of which a draft may propose fewer."""
 
 
 @dataclass
@@ -109,7 +118,8 @@ class FixedLength:
     def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1,
+                cap: int | None = None) -> None:
         pass
 
 
@@ -126,7 +136,9 @@ class _Mean:
         self.decay, self.total, self.weight, self.prior_weight, self.shrink = decay, 0.0, 0.0, prior_weight, shrink
         self.count = 0  # observations ever
 
-    def add(self, value: float, weight: float = 1.0) -> None:
+    def add(self, value: float, weight: float = 1.0, decay: float | None = None) -> None:
+        """One observation; `decay`, if given, replaces the mean's own from now on (fades too)."""
+        self.decay = self.decay if decay is None else decay
         self.count += 1
         self.total = self.decay * self.total + value * weight
         self.weight = self.decay * self.weight + weight
@@ -179,7 +191,9 @@ class _Recent:
 @dataclass
 class AdaptiveLength:
     k_max: int = 8
-    decay: float = 0.95  # per observation of acceptance; about the last 20 iterations count
+    decay: float = 0.95  # per observation of acceptance; about the last 20 iterations count, or `memory` betas where they bring fewer
+    memory: int = 160  # betas an acceptance estimate averages over at least: at one row, 20 passes (20 betas, each 0 or 1 in
+    #                    greedy decoding) put alpha 0.7 at +-0.1, and auto chose k = 2 on 12% and k = 5-8 on 12% of its passes
     probe_every: int = 16
     prior_alpha: float = 0.7  # for positions not verified yet
     prior_weight: float = 2.0  # the prior at a position counts as this many betas, halved by each one seen there:
@@ -198,6 +212,7 @@ class AdaptiveLength:
     refresh_every: int = 256  # passes after the newest plain pass at a batch size, one plain pass is due there
     _target: dict[int, _Recent] = field(init=False, repr=False)  # seconds of a target pass, by positions in it: batch * (k + 1)
     _draft: dict[tuple[int, int], _Recent] = field(init=False, repr=False)  # seconds of a drafting pass, by (batch, k)
+    _goes_on: dict[int, list[_Mean]] = field(init=False, repr=False)  # by batch size, per position: does the draft propose it (`continues`)
     _shapes: set[tuple[str, object]] = field(init=False, repr=False)  # ("target" or "draft", key) whose first pass was seen, untimed (`_timed`)
     _seeded_target: dict[int, float] = field(init=False, repr=False)  # a calibration's t_target, by positions
     _seeded_draft: dict[tuple[int, int], float] = field(init=False, repr=False)  # its t_draft, by (batch, k)
@@ -226,6 +241,8 @@ class AdaptiveLength:
             raise ValueError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
+        if not isinstance(self.memory, int) or self.memory < 1:
+            raise ValueError(f"memory must be an integer >= 1, got {self.memory!r}")
         if not isinstance(self.recent, int) or self.recent < 1:
             raise ValueError(f"recent must be an integer >= 1, got {self.recent!r}")
         if not 0 <= self.tolerance < 1:
@@ -251,6 +268,7 @@ class AdaptiveLength:
         self._probe_gap, self._backed_off, self._stale, self._returned_at, self._episodes = {}, set(), set(), {}, {}
         self._catch_up = _Recent(self.recent)
         self._alpha = [_Mean(self.decay, self.prior_weight, self.shrink if i else 0.0) for i in range(self.k_max)]
+        self._goes_on = {}
         self._target, self._draft, self._shapes = {}, {}, set()
         self._seeded_target, self._seeded_draft, self._calibrated, self._stretch, self._drafted_at, self._iteration = {}, {}, {}, {}, {}, {}
 
@@ -264,6 +282,26 @@ class AdaptiveLength:
         out: list[float] = []
         for mean in self._alpha:  # clamped: a float32 beta of a certain token can read 1 + 1e-7
             out.append(min(max(mean.get(out[-1] if out else self.prior_alpha, out[0] if out else None), 0.0), 1.0))
+        return out
+
+    def continues(self, batch: int = 1) -> list[float]:
+        """Per position i, the chance that a pass allowed past i tokens, having proposed i,
+        proposes one more (theory.capped_speedups): 1 for a draft that always proposes what it
+        is allowed. Measured at each batch size over the last `memory` passes (a draft stops only
+        when every row is unsure, so it stops less often the more rows there are); at a batch
+        size not seen yet, from the nearest one seen as if rows were unsure independently:
+        1 - (1 - d)^(batch / seen). A position not observed yet borrows the one before's."""
+        if batch in self._goes_on:
+            seen, power = batch, 1.0
+        elif self._goes_on:
+            seen = min(self._goes_on, key=lambda b: (abs(math.log(b / batch)), -b))
+            power = batch / seen
+        else:
+            return [1.0] * self.k_max
+        out: list[float] = []
+        for mean in self._goes_on[seen]:
+            d = min(max(mean.get(out[-1] if out else 1.0), 0.0), 1.0)
+            out.append(1.0 - (1.0 - d) ** power)
         return out
 
     def target_seconds(self, n: int) -> float | None:
@@ -359,7 +397,8 @@ class AdaptiveLength:
         inputs = self._model_inputs(batch)
         if inputs is None:
             return []
-        return refined_speedups(*inputs, self.k_max)
+        alphas, c, r = inputs
+        return capped_speedups(alphas, self.continues(batch), c, r, self.k_max)[0]
 
     # ---- the policy
 
@@ -368,9 +407,9 @@ class AdaptiveLength:
         if inputs is None:  # nothing measured yet: one plain pass, then one drafted pass
             return 0 if self.target_seconds(batch) is None else min(4, self.k_max)
         alphas, c, r = inputs
-        speedups = refined_speedups(alphas, c, r, self.k_max)
+        speedups, costs = capped_speedups(alphas, self.continues(batch), c, r, self.k_max)
         best = shortest_near_best(speedups, self.tolerance)
-        if best > 0 and batch in self._backed_off and self._return_speedup(batch, best, speedups[best], r[best] + best * c) < 1 + self.switch:
+        if best > 0 and batch in self._backed_off and self._return_speedup(batch, best, speedups[best], costs[best]) < 1 + self.switch:
             best = 0  # too small a gain to pay for going back: see `switch`
         if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain
             if batch in self._backed_off:  # passes, unless it stops within `recent` passes of a return (below)
@@ -454,7 +493,13 @@ class AdaptiveLength:
         plain = self._stretch.get((batch, False))
         return plain is None or plain.count < self.recent or self._drafted_at.get(batch, 0) >= self.probe_every
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1) -> None:
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float, batch: int = 1,
+                cap: int | None = None) -> None:
+        cap = k if cap is None else min(max(cap, k), self.k_max)
+        if cap > 0:  # whether the draft went on past each position it was allowed past: see `continues`
+            means = self._goes_on.setdefault(batch, [_Mean(self.decay, self.prior_weight) for _ in range(self.k_max)])
+            for i in range(min(k + 1, cap)):
+                means[i].add(float(i < k), 1.0, decay=max(self.decay, 1 - 1 / self.memory))
         catch_up = k > 0 and not (self._since_draft == 0 and self._drafted)
         changed, self._last_batch = self._last_batch not in (0, batch), batch  # rows left or joined since the last pass: see `_last_batch`
         if self._seeded_target and not catch_up and not changed:
@@ -484,10 +529,10 @@ class AdaptiveLength:
         self._first_betas += verified[0] if verified else 0
         for i, mean in enumerate(self._alpha):
             count = verified[i] if i < len(verified) else 0
-            if count:
-                mean.add(beta_sums[i] / count, 1.0)
-            elif i >= k:  # not proposed: the estimate drifts back to the one before it
-                mean.fade()
+            if count:  # a pass with fewer than memory / 20 betas here decays slower: see `memory`
+                mean.add(beta_sums[i] / count, 1.0, decay=max(self.decay, 1 - count / self.memory))
+            elif i >= cap:  # not asked for: the estimate drifts back to the one before it
+                mean.fade()  # (asked for but not proposed, the draft unsure: no news, as for one not reached)
             # proposed but not reached (an earlier rejection): no news, and not stale either. Fading
             # here held a deep position's weight near `shrink`'s (at one row, greedy: 0.74-0.77
             # at depths 3-5 where fixed k = 5 measured 0.81-0.95), and auto drafted short

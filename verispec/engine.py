@@ -393,7 +393,7 @@ class Batch:
         batch, device, stats = len(self.ids), self.device, self.stats
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
-        k = min(max(policy.choose(batch=rows_now), 0), policy.k_max)
+        k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
         if k > 0 and getattr(drafter, "joined_unread", 0):  # rows joined since the last drafting pass: the draft reads them now
             started = time.perf_counter()
             drafter.read_joined()
@@ -460,7 +460,7 @@ class Batch:
             if drafter is not None:
                 drafter.commit(accepted, self.pending, live)  # rows not running: ignored
         self._leave(finished)
-        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1, batch=rows_now)
+        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1, batch=rows_now, cap=cap)
         return chunk
 
     def _logprobs(self, scores: torch.Tensor, output: torch.Tensor, rows: list[int]) -> dict[int, list[tuple[float, dict[int, float]]]]:

@@ -144,7 +144,7 @@ class _Scripted:
     def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1) -> None:
+    def observe(self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1, cap: int | None = None) -> None:
         self.times.append((batch, k, draft_s, target_s))
 
 

@@ -10,7 +10,8 @@ Owns the arithmetic that predicts how fast speculation is, and which draft lengt
   verification-cost curve r(n) = t_target(n) / t_target(1) (`verification_cost_curve`):
   S(k) = (1 + sum_{i<=k} prod_{j<=i} alpha_j) / (k*c + r(k+1))
   (`expected_tokens_per_position`, `refined_speedup`, `refined_speedups`, `refined_optimal_k`, `CostModel`);
-  `mixed_speedup` when some passes propose fewer than k tokens.
+  `mixed_speedup` when some passes propose fewer than k tokens; `capped_speedups` when k caps a
+  draft that stops on its own, with the chance it goes on past each position.
 E counts the recovered or bonus token, so it lies in 1..k+1. k = 0 is plain decoding, S = 1.
 S < 1 is the model's way of saying "back off": alpha low, c large, or r(n) growing like n
 (compute-bound verification, large batches).
@@ -201,6 +202,35 @@ def refined_speedups(alphas: Sequence[float], c: float, r: CostCurve, k_max: int
         tokens += accepted
         speedups.append(tokens / (k * c + _cost(curve, k + 1)))
     return speedups
+
+
+def capped_speedups(alphas: Sequence[float], continues: Sequence[float], c: float, r: CostCurve, k_max: int) -> tuple[list[float], list[float]]:
+    """([S(0), ..., S(k_max)], [cost(0), ..., cost(k_max)]) where k caps a draft that may stop
+    sooner on its own (a confidence stop, prompt lookup without a match).
+
+    continues[i]: the probability that a draft allowed more than i tokens, having proposed i,
+    proposes the (i+1)-th; D_j = prod_{i<j} continues[i] is the chance a pass proposes at least j.
+    Tokens E(k) = 1 + sum_{j<=k} D_j prod_{l<=j} alpha_l (alpha_l conditional on position l being
+    proposed); cost(k) = sum_j P(proposes j) (j*c + r(j+1)) = C_0 + sum_{j<=k} D_j (C_j - C_{j-1})
+    with C_j = j*c + r(j+1): a position past the draft's own stop costs only when it is reached.
+    S(k) = E(k) / cost(k) (renewal-reward, as mixed_speedup); with every continues[i] = 1 it is
+    refined_speedups."""
+    alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
+    goes_on = _reals("continues", continues)
+    _check(all(0.0 <= d <= 1.0 for d in goes_on), "continues", continues, "probabilities in [0, 1]")
+    k_max = _count("k_max", k_max)
+    _check(k_max <= min(len(alphas), len(goes_on)), "k_max", k_max, "<= len(alphas) and len(continues)")
+    step = [j * c + _cost(curve, j + 1) for j in range(k_max + 1)]  # C_j
+    tokens, cost, reached, accepted = 1.0, step[0], 1.0, 1.0
+    speedups, costs = [tokens / cost], [cost]
+    for j in range(1, k_max + 1):
+        reached *= goes_on[j - 1]
+        accepted *= alphas[j - 1]
+        tokens += reached * accepted
+        cost += reached * (step[j] - step[j - 1])
+        speedups.append(tokens / cost)
+        costs.append(cost)
+    return speedups, costs
 
 
 def refined_optimal_k(
