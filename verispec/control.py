@@ -294,7 +294,7 @@ class AdaptiveLength:
         if batch in self._goes_on:
             seen, power = batch, 1.0
         elif self._goes_on:
-            seen = min(self._goes_on, key=lambda b: (abs(math.log(b / batch)), -b))
+            seen = _nearest(self._goes_on, batch)
             power = batch / seen
         else:
             return [1.0] * self.k_max
@@ -454,8 +454,7 @@ class AdaptiveLength:
         passes each time (137-226 ms against a plain pass's 75-90), while 32 rows probed every 64."""
         if batch in self._probe_gap or not self._probe_gap:
             return self._probe_gap.get(batch, self.probe_every)
-        nearest = min(self._probe_gap, key=lambda seen: (abs(math.log(seen / batch)), -seen))
-        return self._probe_gap[nearest]
+        return self._probe_gap[_nearest(self._probe_gap, batch)]
 
     def _plain_stale(self, batch: int) -> bool:
         """Whether the newest plain pass at this batch size is `refresh_every` passes old (none: not stale)."""
@@ -553,6 +552,11 @@ class AdaptiveLength:
         self._seeded_target.update(target)
         self._seeded_draft.update(draft)
         self._calibrated.clear()
+
+
+def _nearest(sizes, batch: int) -> int:
+    """The batch size among `sizes` nearest to batch by ratio (the larger on a tie)."""
+    return min(sizes, key=lambda seen: (abs(math.log(seen / batch)), -seen))
 
 
 def shortest_near_best(speedups: list[float], tolerance: float) -> int:
