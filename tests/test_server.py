@@ -463,9 +463,10 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
 
 def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same_rounds(tmp_path):
     """`verispec bench-serve` end to end on the toy pair: servers for plain, k = 2 and auto, each
-    in a process of its own, two levels, one warm-up round and two measured rounds; every level and
-    mode has its medians over the measured rounds, no errors, the ratios to plain and to the best
-    other mode, and the CSV and the plot are written; the warm-up rounds are in the JSON, marked."""
+    in a process of its own, two levels, one warm-up round at each, then two sweeps of one measured
+    round at every level; every level and mode has its medians over the measured rounds, no
+    errors, the ratios to plain and to the best other mode, and the CSV and the plot are written;
+    the warm-up rounds are in the JSON, marked."""
     from verispec.cli import main
     from verispec.models.toy import make_toy_pair
 
@@ -479,8 +480,10 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     assert code == 0
     report = json.loads(out["json"].read_text())
     assert len(report["levels"]) == 2 * 3 * 3 and all(level["errors"] == 0 for level in report["levels"])
-    assert [level["warmup"] for level in report["levels"]] == ([True] * 3 + [False] * 6) * 2  # per level: the warm-up round first
-    assert [level["mode"] for level in report["levels"][:9]] == ["plain", "k=2", "k=auto", "k=2", "k=auto", "plain", "k=auto", "plain", "k=2"]  # each round starts one mode later
+    assert [level["warmup"] for level in report["levels"]] == [True] * 6 + [False] * 12  # the warm-up rounds of every level first
+    assert [level["concurrency"] for level in report["levels"]] == [1] * 3 + [3] * 3 + ([1] * 3 + [3] * 3) * 2  # then sweeps over the levels
+    at_one = [level["mode"] for level in report["levels"] if level["concurrency"] == 1]
+    assert at_one == ["plain", "k=2", "k=auto", "k=2", "k=auto", "plain", "k=auto", "plain", "k=2"]  # each round of a level starts one mode later
     medians = {(row["mode"], row["concurrency"]): row for row in report["medians"]}
     assert set(medians) == {(mode, c) for mode in ("plain", "k=2", "k=auto") for c in (1, 3)}
     for (mode, c), row in medians.items():

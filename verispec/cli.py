@@ -204,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     bsv.add_argument("--requests", type=_positive, default=None, help="requests per level and mode (default max(16, 2 x concurrency))")
     bsv.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of each request (default 64)")
     bsv.add_argument("--temperature", type=float, default=0.0, help="of each request (default 0)")
-    bsv.add_argument("--repeats", type=_positive, default=1, help="measured rounds of every mode at every level (default 1)")
+    bsv.add_argument("--repeats", type=_positive, default=1, help="sweeps over the levels, each one measured round of every mode at every level (default 1)")
     bsv.add_argument("--warmups", type=_non_negative, default=1, help="rounds of every mode at every level before the measured ones, "
                      "reported (warmup: true) but left out of the medians (default 1; 0: none)")
     bsv.add_argument("--max-batch", type=_positive, default=8, help="the servers' --max-batch (default 8)")

@@ -4,7 +4,8 @@ Owns `run_level` (n streamed completions at a fixed concurrency against one serv
 request the time to first token, the gaps between chunks, the tokens from `usage`) and
 `bench_serve` (servers for plain decoding, fixed k and `auto` started in this process on
 127.0.0.1 ports of their own, or one running server given by URL; every concurrency level runs
-each mode in turn, `repeats` times, so that modes are interleaved; medians per mode and level,
+each mode in turn, and `repeats` sweeps run every level, so that modes and a level's rounds are
+interleaved over the whole run; medians per mode and level,
 throughput ratios to plain measured in the same round). Reports JSON, CSV and a plot. Knows
 the HTTP API only.
 """
@@ -158,22 +159,33 @@ def plot(rows: list[dict], path: str) -> None:
 
 def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[int], requests: int | None, max_tokens: int,
                 temperature: float, repeats: int, progress=None, warmups: int = 0) -> list[Level]:
-    """servers: mode -> base URL. Each level runs every mode in turn, first `warmups` rounds
+    """servers: mode -> base URL. First, at each level in turn, `warmups` rounds of every mode
     that are reported but not measured (vLLM's `bench serve --num-warmups`: a server's first
     requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
-    batch size new to it), then `repeats` measured rounds. By default a round sends
+    batch size new to it); then `repeats` sweeps, each one measured round of every mode at every
+    level, so that a level's rounds are spread over the whole run: a server process can run
+    slower than the others for minutes (on a 2-core VM, the same passes of one server took
+    26.6-30.9 ms in 5 of 6 rounds of one level, interleaved within seconds with another
+    server's 23.2-23.6, and 22.4-23.6 ms in both once restarted), and a level whose rounds all
+    fell in such a stretch read it as that mode's speed. By default a round sends
     max(16, 2 * concurrency) requests (at one request a round of 8 lasted ~4 s, and whole rounds
-    of every mode scattered 10-20% on a busy 2-core host); each round starts one mode later
-    than the one before, so that no mode always runs right after the same other."""
-    levels = []
-    modes = list(servers.items())
+    of every mode scattered 10-20% on a busy 2-core host); each round of a level starts one mode
+    later than the one before, so that no mode always runs right after the same other."""
+    levels, modes, rounds = [], list(servers.items()), {c: 0 for c in concurrency}
+
+    def round_(c: int, warmup: bool) -> None:
+        start, rounds[c] = rounds[c] % len(modes), rounds[c] + 1
+        for mode, url in modes[start:] + modes[:start]:
+            levels.append(run_level(url, mode, prompts, c, requests or max(16, 2 * c), max_tokens, temperature, warmup=warmup))
+            if progress is not None:
+                progress(levels[-1])
+
     for c in concurrency:
-        n = requests or max(16, 2 * c)
-        for round_ in range(warmups + repeats):
-            for mode, url in modes[round_ % len(modes):] + modes[:round_ % len(modes)]:
-                levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature, warmup=round_ < warmups))
-                if progress is not None:
-                    progress(levels[-1])
+        for _ in range(warmups):
+            round_(c, warmup=True)
+    for _ in range(repeats):
+        for c in concurrency:
+            round_(c, warmup=False)
     return levels
 
 
