@@ -494,6 +494,24 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_summarize_gives_a_bootstrap_interval_for_the_ratio_to_the_best_other_mode():
+    """With rounds that do not vary, the 95% interval of the ratio to the best other mode is that
+    ratio exactly; with rounds that scatter, it is wider and holds the ratio; with two rounds, none."""
+    from verispec.server.loadgen import Level, summarize
+
+    def rows_of(rounds: list[dict]) -> dict:
+        return {row["mode"]: row for row in summarize([Level(m, 2, 8, t, 1.0, 0.1, 0.2, 0.01, 0.02, 0.01, 0) for r in rounds for m, t in r.items()])}
+
+    steady = rows_of([{"auto": 100, "a": 110, "b": 90}] * 6)["auto"]
+    assert steady["throughput_vs_best_other"] == pytest.approx(100 / 110)
+    assert steady["throughput_vs_best_other_ci95_low"] == steady["throughput_vs_best_other_ci95_high"] == pytest.approx(100 / 110)
+    draw = random.Random(1)
+    noisy = rows_of([{"auto": 100 * draw.uniform(0.9, 1.1), "a": 105 * draw.uniform(0.9, 1.1), "b": 95 * draw.uniform(0.9, 1.1)} for _ in range(9)])["auto"]
+    low, high = noisy["throughput_vs_best_other_ci95_low"], noisy["throughput_vs_best_other_ci95_high"]
+    assert low < noisy["throughput_vs_best_other"] < high and high - low > 0.05
+    assert "throughput_vs_best_other_ci95_low" not in rows_of([{"auto": 100, "a": 110}] * 2)["auto"]
+
+
 def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
     """Three rounds at one level: 'auto' serves 100 tokens/s every round; 'a', 'b' and 'c' 90,
     each but in the round where it happens to serve 120. Against the best other mode by median

@@ -1107,6 +1107,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
     for row in rows:
         ratio = f"  {row['throughput_vs_plain']:.2f}x plain" if "throughput_vs_plain" in row else ""
         ratio += f"  {row['throughput_vs_best_other']:.2f}x the best other" if "throughput_vs_best_other" in row else ""
+        ratio += (f" (95% {row['throughput_vs_best_other_ci95_low']:.2f}-{row['throughput_vs_best_other_ci95_high']:.2f})"
+                  if "throughput_vs_best_other_ci95_low" in row else "")
         print(f"{row['mode']:>8} c={row['concurrency']:<3} {row['throughput_tok_s']:8.1f} tok/s{ratio}  TTFT p50 {row['ttft_p50_s'] * 1e3:.1f} ms"
               f"  ITL p50/p99 {row['itl_p50_s'] * 1e3:.1f}/{row['itl_p99_s'] * 1e3:.1f} ms")
     if args.json:
