@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from verispec.cli import AUTO_CONFIDENCE_THRESHOLD, main, parse_args
+from verispec.cli import main, parse_args
 from verispec.models.toy import make_toy_pair
 
 
@@ -86,13 +86,14 @@ def test_k_auto_runs_and_reports(pair, capsys):
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
-def test_k_auto_brings_a_confidence_stop_unless_one_is_given(command):
+def test_the_confidence_stop_is_off_unless_given_with_k_auto_too(command):
     prompt = ["x"] if command == "generate" else []
-    assert parse_args([command, *prompt]).confidence_threshold == AUTO_CONFIDENCE_THRESHOLD > 0  # --k auto is the default
+    assert parse_args([command, *prompt]).k == "auto"  # the default
+    assert parse_args([command, *prompt]).confidence_threshold == 0.0  # auto with a stop at 0.3 served 0.96-0.98 of auto without it
     assert parse_args([command, *prompt, "--k", "3"]).confidence_threshold == 0.0
-    assert parse_args([command, *prompt, "--confidence-threshold", "0"]).confidence_threshold == 0.0
+    assert parse_args([command, *prompt, "--confidence-threshold", "0.3"]).confidence_threshold == 0.3
     assert parse_args([command, *prompt, "--k", "3", "--confidence-threshold", "0.5"]).confidence_threshold == 0.5
-    assert parse_args(["bench", "--prompts", "p.jsonl"]).confidence_threshold == 0.0  # a bench compares draft lengths under one drafter: off unless given
+    assert parse_args(["bench", "--prompts", "p.jsonl"]).confidence_threshold == 0.0
 
 
 def test_console_script_runs_in_a_subprocess(pair):

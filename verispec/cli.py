@@ -112,20 +112,15 @@ def _confidence(text: str) -> float:
     return value
 
 
-# `--k auto`'s confidence stop unless --confidence-threshold is given: the policy sets the longest
-# draft of a pass, the draft ends it sooner where it is unsure. Measured (BENCHMARKS.md, serve A/B of
-# 2026-12-03 and run 29): auto with it served 1.01-1.09x auto without it at 1, 2 and 4 concurrent
-# requests (medians of four rounds), 0.98x at 8, where the policy mostly proposes 0 anyway.
-# A later A/B at one request (15 rounds, BENCHMARKS.md run 30) measured 0.978x: not settled.
-AUTO_CONFIDENCE_THRESHOLD = 0.3
-
-
-def _add_confidence_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
-    """auto: the default follows --k (AUTO_CONFIDENCE_THRESHOLD with --k auto, else off; `main` resolves it)."""
-    default = f"{AUTO_CONFIDENCE_THRESHOLD:g} with --k auto, else 0 = off" if auto else "0 = off"
-    parser.add_argument("--confidence-threshold", type=_confidence, default=None if auto else 0.0,
+def _add_confidence_argument(parser: argparse.ArgumentParser) -> None:
+    """Off unless given, with `--k auto` too. Measured in a server (BENCHMARKS.md, two A/Bs after
+    serve run 33, 6 measured rounds each): `auto` with a stop at 0.3 served 0.97-0.98 of
+    `auto` without it at one request, 0.96 at four and 0.98 at eight (paired medians), and
+    0.93 and 1.03 at two; earlier A/Bs had it at 1.01-1.09 (four rounds, serve run 29) and 0.978
+    (15 rounds at one request, run 30)."""
+    parser.add_argument("--confidence-threshold", type=_confidence, default=0.0,
                         help="a model draft stops early where its most likely token's probability is below this "
-                             f"(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default {default})")
+                             "(as transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)")
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float) -> None:
@@ -170,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
-    _add_confidence_argument(gen, auto=True)
+    _add_confidence_argument(gen)
     _add_backend_arguments(gen)
 
     srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server over a continuous batcher (needs the serve extra)")
@@ -191,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(needs the ray extra; --threads is then per replica, default cores // N); default: one engine in this process")
     srv.add_argument("--ray-address", default=None, help="with --replicas: join this Ray cluster (e.g. auto, or HOST:6379) instead of "
                      "starting a local one; the model paths must exist on every node")
-    _add_confidence_argument(srv, auto=True)
+    _add_confidence_argument(srv)
     _add_backend_arguments(srv)
 
     bsv = commands.add_parser("bench-serve", help="load `verispec serve` on this machine: throughput and latency against concurrency, "
@@ -1143,12 +1138,8 @@ def _flag_names(message: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, with the defaults that depend on other flags resolved: generate's and
-    serve's --confidence-threshold follows --k (AUTO_CONFIDENCE_THRESHOLD with auto, else 0)."""
-    args = _parser().parse_args(argv)
-    if getattr(args, "confidence_threshold", 0.0) is None:
-        args.confidence_threshold = AUTO_CONFIDENCE_THRESHOLD if args.k == "auto" else 0.0
-    return args
+    """The command line."""
+    return _parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
