@@ -114,7 +114,7 @@ def _confidence(text: str) -> float:
 
 def _add_confidence_argument(parser: argparse.ArgumentParser) -> None:
     """Off unless given, with `--k auto` too. Measured in a server (BENCHMARKS.md, two A/Bs after
-    serve run 33, 6 measured rounds each): `auto` with a stop at 0.3 served 0.97-0.98 of
+    serve run 33, 5-6 measured rounds each): `auto` with a stop at 0.3 served 0.97-0.98 of
     `auto` without it at one request, 0.96 at four and 0.98 at eight (paired medians), and
     0.93 and 1.03 at two; earlier A/Bs had it at 1.01-1.09 (four rounds, serve run 29) and 0.978
     (15 rounds at one request, run 30)."""
