@@ -673,6 +673,36 @@ def test_backed_off_drafting_resumes_only_for_a_gain_worth_the_catch_up():
     assert control[1].count(1) >= 90, control[1]
 
 
+def test_backed_off_a_busy_moment_that_slows_plain_passes_does_not_bring_drafting_back(monkeypatch):
+    """16 rows, acceptance 0.75: a k = 1 iteration takes 1.8 (measured in 27 passes) and a plain
+    pass 1.0 (S(1) = 0.97), and the policy backs off. Then a busy moment slows every pass by 15%
+    for 12 passes: the median of plain's last `recent` passes says 1.15, and against drafting's
+    older time S(1) reads 1.09-1.12, over `switch`. Judged against the faster of plain's last
+    `recent` and last 3 * recent passes (1.0, `_calm`), the policy stays plain; the negative
+    control (`_calm` at 1) goes back to drafting from the sixth busy pass, at 0.97 of plain."""
+    t_target = lambda n: 1.0 + max(0, n - 16) / 24  # noqa: E731
+
+    def serve() -> list[int]:
+        policy = _calibrated(t_target, lambda b: 0.1)
+
+        def run(slow: float, passes: int) -> list[int]:
+            chosen = []
+            for _ in range(passes):
+                k = policy.choose(batch=16)
+                chosen.append(k)
+                policy.observe(k, [0.75 * 16] * k, [16] * k, 0.1 * k * slow, slow * (1.0 if k == 0 else 1.7 + 0.6 * (k - 1)), batch=16)
+            return chosen
+
+        for _ in range(3 * policy.recent):  # drafting's time at 16 rows is measured: a k = 1 iteration 1.8
+            policy.observe(1, [0.75 * 16], [16], 0.1, 1.7, batch=16)
+        assert run(1.0, 200)[-100:].count(0) >= 97
+        return run(1.15, 12)
+
+    assert sum(k > 0 for k in serve()) <= 1
+    monkeypatch.setattr(AdaptiveLength, "_calm", lambda self, batch: 1.0)
+    assert sum(k > 0 for k in serve()) >= 4
+
+
 def _after_a_busy_moment(policy: AdaptiveLength, busy_plain_s: float, passes: int) -> list[int]:
     """16 rows: plain passes took busy_plain_s, then drafting ones (k = 1, 1.8 an iteration,
     acceptance 0.75); then the policy chooses for `passes` passes with plain ones at 1.0, where

@@ -54,7 +54,10 @@ since its last pass, for nothing). Backed off at a batch size, the policy drafts
 drafting is predicted to gain at least `switch` (5%): each return pays a catch-up, and at 16
 rows, where plain and drafting passes were near a tie (drafting at 0.95-1.01 of plain), estimates
 taken at different moments of a busy machine predicted 1.02-1.09, and the policy went back and
-forth, catching up each time, at 0.95 of plain overall. The return's catch-up itself is
+forth, catching up each time, at 0.95 of plain overall. That gain is judged against the
+faster of plain's last `recent` and last 3 * recent passes at the batch size (`_calm`): backed
+off, plain's time is fresh and drafting's old, and a busy moment that slows plain passes made
+drafting look cheap beside them. The return's catch-up itself is
 costed too: its seconds per token (what catch-up passes took beyond a drafting pass's time,
 per row and plain pass since) times the tokens pending now, spread over the passes that
 returns to drafting at this batch size lasted (the median of the last `recent`; `probe_every`
@@ -409,8 +412,10 @@ class AdaptiveLength:
         alphas, c, r = inputs
         speedups, costs = capped_speedups(alphas, self.continues(batch), c, r, self.k_max)
         best = shortest_near_best(speedups, self.tolerance)
-        if best > 0 and batch in self._backed_off and self._return_speedup(batch, best, speedups[best], costs[best]) < 1 + self.switch:
-            best = 0  # too small a gain to pay for going back: see `switch`
+        if best > 0 and batch in self._backed_off:
+            calm = self._calm(batch)  # judged against plain's calmer time: see `_calm`
+            if self._return_speedup(batch, best, speedups[best] * calm, costs[best] / calm) < 1 + self.switch:
+                best = 0  # too small a gain to pay for going back: see `switch`
         if best > 0:  # drafting pays at this batch size: once it stops, the first probe here comes after probe_every plain
             if batch in self._backed_off:  # passes, unless it stops within `recent` passes of a return (below)
                 self._backed_off.discard(batch)
@@ -455,6 +460,24 @@ class AdaptiveLength:
         if batch in self._probe_gap or not self._probe_gap:
             return self._probe_gap.get(batch, self.probe_every)
         return self._probe_gap[_nearest(self._probe_gap, batch)]
+
+    def _calm(self, batch: int) -> float:
+        """Backed off at a batch size, plain's time there is the median of its last `recent`
+        passes, all fresh, while drafting's is older (the calibration's, scaled by the stretch
+        of drafting passes run before): a busy moment that slows the plain passes makes drafting
+        look cheap beside them (at 16 rows the median of plain's last 9 passes rose from 27.3 to
+        31.8 ms, S(1) from 0.90 to 1.055 against a k = 1 time of 51.5 ms from earlier, and the
+        policy drafted 10 passes at a median of 61.5 ms, 0.88 of plain). A return is judged
+        against the faster of plain's last `recent` and last 3 * recent passes there: this
+        returns that time over the one the prediction used, at most 1. It is 1 without a
+        calibration, and where no drafting pass has been timed `recent` times: drafting's time
+        is then plain's pooled stretch, which moves with plain's, and only the gap between a
+        fresh plain median and that older stretch can show a lasting rise of plain as a gain."""
+        plain = self._stretch.get((batch, False))
+        drafting = self._stretch.get(True)
+        if not self._seeded_target or plain is None or plain.count < self.recent or drafting is None or drafting.count < self.recent:
+            return 1.0
+        return min(1.0, self.calibrated_seconds(batch, 0) * plain.get() / self.service_seconds(batch, 0))
 
     def _plain_stale(self, batch: int) -> bool:
         """Whether the newest plain pass at this batch size is `refresh_every` passes old (none: not stale)."""
