@@ -55,9 +55,9 @@ drafting is predicted to gain at least `switch` (5%): each return pays a catch-u
 rows, where plain and drafting passes were near a tie (drafting at 0.95-1.01 of plain), estimates
 taken at different moments of a busy machine predicted 1.02-1.09, and the policy went back and
 forth, catching up each time, at 0.95 of plain overall. That gain is judged against the
-faster of plain's last `recent` and last 3 * recent passes at the batch size (`_calm`): backed
-off, plain's time is fresh and drafting's old, and a busy moment that slows plain passes made
-drafting look cheap beside them. The return's catch-up itself is
+faster of plain's last `recent` and last 3 * recent passes at the batch size once drafting
+passes have been timed (`_calm`): backed off, plain's time is fresh and drafting's old, and a
+busy moment that slows plain passes made drafting look cheap beside them. The return's catch-up itself is
 costed too: its seconds per token (what catch-up passes took beyond a drafting pass's time,
 per row and plain pass since) times the tokens pending now, spread over the passes that
 returns to drafting at this batch size lasted (the median of the last `recent`; `probe_every`
