@@ -139,7 +139,12 @@ def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                              "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
     parser.add_argument("--gguf-type", default="f32", choices=GGUF_TYPES,
                         help="with llama.cpp: the type a Hugging Face directory is converted to (default f32)")
-    parser.add_argument("--threads", type=_positive, default=None, help="llama.cpp threads (default: every core this process may use)")
+    parser.add_argument("--threads", type=_positive, default=None,
+                        help="llama.cpp threads (default: every core this process may use; more than that is capped to it)")
+    parser.add_argument("--exact-kernels", choices=["on", "off"], default="on",
+                        help="on (default): llama.cpp settings under which a position's logits do not depend on the pass "
+                             "(speculative output = plain output on every GGUF type; docs/EXACTNESS.md); off: llama.cpp's "
+                             "default kernels, faster on some types, where greedy output may differ at near-ties")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)")
 
 
@@ -336,12 +341,30 @@ def _load(path: str, args: argparse.Namespace, dtype):
     device = _device(args)
     if device.type != "cpu" and is_gguf(path):
         raise ValueError(f"{path}: a GGUF file runs on llama.cpp, on the CPU here, not on --device {args.device}")
-    model, note = load(path, args.backend, dtype, args.gguf_type, device=device, n_threads=args.threads)
+    model, note = load(path, args.backend, dtype, args.gguf_type, device=device, n_threads=_threads(args))
     if note:
         print(f"verispec: {note}", file=sys.stderr)
     if not isinstance(model, torch.nn.Module) and getattr(args, "peer", None) != "hf":
         torch.set_num_threads(1)  # llama.cpp has the cores; torch's work per step is a few [B, k+1, V] tensors
     return model
+
+
+def _threads(args: argparse.Namespace) -> int | None:
+    """--threads, capped at the cores this process may use (said once), after --exact-kernels is
+    applied: both are llama.cpp settings of the whole process, fixed before its first model."""
+    from .models import llamacpp
+
+    try:
+        llamacpp.set_exact_kernels(getattr(args, "exact_kernels", "on") == "on")
+    except RuntimeError:
+        raise ValueError(f"--exact-kernels {args.exact_kernels}: this process already runs llama.cpp with the other setting") from None
+    threads, cores = getattr(args, "threads", None), llamacpp.default_threads()
+    if threads is not None and threads > cores:
+        if not getattr(args, "_threads_said", False):
+            print(f"verispec: --threads {threads} is more than the {cores} cores this process may use; using {cores}", file=sys.stderr)
+            args._threads_said = True
+        threads = cores
+    return threads
 
 
 def _device(args: argparse.Namespace) -> torch.device:
@@ -368,10 +391,26 @@ def _target(args: argparse.Namespace, dtype):
     if args.backend == "auto" and any(str(d).startswith("early-exit:") for d in drafts):
         args.backend = "torch"
     target = _load(args.target, args, dtype)
+    _say_deviation(target)
     tokenizer = load_text_tokenizer(args.target, target)
     if tokenizer is None:
         raise ValueError(f"{args.target}: no tokenizer.json, so text cannot be encoded")
     return target, tokenizer
+
+
+def _say_deviation(target) -> None:
+    """One line when a llama.cpp target's logits depend on the pass that computes them
+    (measured once per file, build and setting: models/deviation.py); nothing when they do not."""
+    if not hasattr(target, "shape_invariant"):
+        return
+    from .models.deviation import startup_deviation
+
+    found = startup_deviation(target)
+    if found.largest > 0:
+        setting = "on" if target.shape_invariant else "off"
+        print(f"verispec: {target.path.name} ({target.config.description}): a logit differs by up to {found.largest:.3g} between "
+              f"pass shapes here (--exact-kernels {setting}); greedy speculative output may differ from plain decoding at near-ties",
+              file=sys.stderr)
 
 
 def _drafter(spec: str, dtype, target, target_dir: str, args: argparse.Namespace):
@@ -393,6 +432,8 @@ def _drafter(spec: str, dtype, target, target_dir: str, args: argparse.Namespace
             raise ValueError(f"--draft {spec}: early exit needs verispec's PyTorch Llama as the target (a Llama-family directory with --backend torch)")
         return EarlyExitDrafter(target, int(layers))
     draft = _load(spec, args, dtype)
+    if hasattr(draft, "shape_invariant"):
+        draft.shape_invariant = False  # only the target's logits must not depend on the pass: q is whatever the draft computed
     check_same_tokenizer(target_dir, spec, target.vocab_size, draft.vocab_size)
     return ModelDrafter(match_vocab_size(draft, target.vocab_size), getattr(args, "confidence_threshold", 0.0))
 

@@ -16,6 +16,12 @@
  * are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as sampling.sample
  * with one generator per row: a row's numbers never depend on the other rows.
  *
+ * invariant != 0 (verispec's exact kernels): the target's pass never holds a single token or
+ * a gap in its sequence ids. An inactive row between two active ones gets placeholder tokens
+ * (removed after the pass), so that llama.cpp runs the batch as one ubatch; a pass of one token
+ * gets a second placeholder with logits after it. A position's logits then come from the
+ * same kernels whatever the pass holds (llamacpp.py, `_Context.decode`, does the same).
+ *
  * Compiled with -ffast-math (the reductions and expf vectorize only with reassociation; logits
  * are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
  *
@@ -168,19 +174,26 @@ int32_t verispec_step(
     int32_t *target_pending, int32_t *target_length,
     int32_t *proposals, /* [rows, k] */
     int32_t *output,    /* [rows, k + 1] */
-    int32_t *num_accepted, double *seconds) {
+    int32_t *num_accepted, double *seconds, int32_t invariant) {
     if (!draft && k > 0) return TOO_MANY_TOKENS; /* no draft: plain steps only */
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
     const int sampled = temperature > 0.0f;
-    int32_t drafted = k, live = 0, first = 0, status;
+    int32_t drafted = k, live = 0, first = 0, status, lo = -1, hi = -1;
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b]) continue;
         live++;
+        if (lo < 0) lo = b;
+        hi = b;
         first += draft_count[b];
         if (draft && k == 0 && draft_count[b] >= width) return TOO_MANY_TOKENS;
     }
-    if (live * (k + 1) > capacity || (k > 0 && first > capacity)) return TOO_MANY_TOKENS;
+    const int32_t n_ctx_seq = (int32_t)llama_n_ctx_seq(target);
+    for (int32_t b = lo + 1; invariant && b < hi; b++) /* placeholders past a sequence's room: an ordinary pass instead */
+        if (!active[b] && target_length[b] + k + 1 > n_ctx_seq) invariant = 0;
+    if (invariant && lo == hi && target_length[lo] + 2 > n_ctx_seq) invariant = 0;
+    const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
+    if (span * (k + 1) + 1 > capacity || (k > 0 && first > capacity)) return TOO_MANY_TOKENS;
 
     /* Draft: each row's pending tokens (logits at the last), then k - 1 single tokens. */
     for (int32_t i = 0; i < k; i++) {
@@ -216,19 +229,30 @@ int32_t verispec_step(
     }
 
     /* Target: [pending, x_1..x_drafted] of every row in one pass, logits at every position. */
+    int32_t at_of[rows]; /* row b's first place in the target's batch */
     target_batch->n_tokens = 0;
     for (int32_t b = 0; b < rows; b++) {
-        if (!active[b]) continue;
+        if (!active[b] && !(invariant && b > lo && b < hi)) continue;
+        at_of[b] = target_batch->n_tokens;
+        if (!active[b]) { /* a placeholder row: as many tokens, no logits, removed after the pass */
+            for (int32_t i = 0; i <= drafted; i++) put(target_batch, 0, target_length[b] + i, b, 0);
+            continue;
+        }
         put(target_batch, target_pending[b], target_length[b], b, 1);
         for (int32_t i = 0; i < drafted; i++) put(target_batch, proposals[b * k + i], target_length[b] + 1 + i, b, 1);
     }
+    if (invariant && target_batch->n_tokens == 1) /* one token: a second, after it, removed by the rollback below */
+        put(target_batch, target_pending[lo], target_length[lo] + 1, lo, 1);
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
 
     /* The rule, then both caches back to the committed tokens. */
     llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
-    for (int32_t b = 0, row = 0; b < rows; b++) {
-        if (!active[b]) continue;
-        const int32_t at = row++ * (drafted + 1); /* the row's first position in the target's batch */
+    for (int32_t b = 0; b < rows; b++) {
+        if (!active[b]) {
+            if (invariant && b > lo && b < hi) llama_memory_seq_rm(target_memory, b, target_length[b], -1);
+            continue;
+        }
+        const int32_t at = at_of[b];
         int32_t n = 0;
         if (sampled) {
             n = rule(target, at, drafted, proposals + b * k, draft_probs + (size_t)b * k * vocab, vocab, temperature,

@@ -46,6 +46,7 @@ _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
 }
 _KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
 _lib = None
+_exact_kernels = True  # process-wide: set_exact_kernels, before llama.cpp's library is initialised
 _log: list[str] = []  # llama.cpp's recent error lines (its log is silenced; errors are quoted in ours)
 
 
@@ -65,11 +66,42 @@ def _llama():
         # are gone: the callback must outlive them, so it is never released.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(_log_callback))
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        if _exact_kernels:  # read once by ggml, at its first matrix product
+            os.environ["GGML_CPU_TILED_MM"] = "0"
         llama_cpp.llama_backend_init()
         if "AMX" in llama_cpp.llama_print_system_info().decode(errors="replace"):
             _without_extra_buffers(llama_cpp)
         _lib = llama_cpp
     return _lib
+
+
+def set_exact_kernels(on: bool) -> None:
+    """Choose llama.cpp's settings for the whole process, before its first model loads.
+
+    On (the default): a position's logits do not depend on the pass that computes them (how
+    many positions or rows it holds, placeholders, the cache's size), so that speculative
+    decoding gives plain decoding's tokens on every GGUF type. It takes four settings, each
+    found by measuring (`deviation.pass_shape_deviation`; docs/EXACTNESS.md):
+    - weights not repacked (`use_extra_bufts` off): repacked types run a GEMV kernel for one
+      position and a GEMM kernel for more;
+    - ggml's tiled K-quant/IQ product off (`GGML_CPU_TILED_MM=0`, read once by ggml): it takes
+      passes of 8 positions or more, the dot-product kernel the rest;
+    - flash attention on: each query position is its own dot products and online softmax over
+      the unmasked cells, whatever the pass holds (without it the attention products of one
+      position per sequence take another kernel than those of several);
+    - no pass of one token (`LlamaCppModel.shape_invariant`): llamafile's sgemm (f32, f16, bf16,
+      IQ4_NL, ...) takes passes of 2 positions or more, so a one-token pass gets a placeholder.
+    Off: llama.cpp's defaults for the kernels (repacking, the tiled product) and attention without
+    flash attention, as before; faster on some types, exact only where the measured deviation is 0.
+    """
+    global _exact_kernels
+    if _lib is not None and bool(on) != _exact_kernels:
+        raise RuntimeError("set_exact_kernels must be called before the first llama.cpp model loads")
+    _exact_kernels = bool(on)
+
+
+def exact_kernels() -> bool:
+    return _exact_kernels
 
 
 def _without_extra_buffers(llama_cpp) -> None:
@@ -194,7 +226,9 @@ class _Context:
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
         params.type_k = params.type_v = _KV_TYPES[model.kv_type]
-        params.flash_attn_type = 0  # disabled, as llama-cpp-python's Llama: attention in the cache's type, not f16
+        # flash attention: on for shape-invariant passes (one query at a time over the unmasked cells);
+        # else off, as llama-cpp-python's Llama (attention in the cache's type)
+        params.flash_attn_type = 1 if model.shape_invariant else 0
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
@@ -210,6 +244,7 @@ class _Context:
         self._seq_ids = [self.batch.seq_id[i] for i in range(capacity)]
         self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
+        self.invariant = model.shape_invariant  # no pass of one token; gaps always filled
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool,
@@ -219,6 +254,10 @@ class _Context:
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
         view, reused by the next decode): it returns a copy or a reduction of it."""
         lib, results, inside = _llama(), [], 0.0
+        pad = self._single_pad(tokens, positions, seqs, outputs)
+        if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
+            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
+            tokens, positions, seqs = np.append(tokens, tokens[-1]), np.append(positions, pad), np.append(seqs, seqs[-1])
         filled = self._fill_gaps(seqs, positions)
         if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
             pads, pad_positions = filled
@@ -253,12 +292,30 @@ class _Context:
             first = np.flatnonzero(np.r_[True, pads[1:] != pads[:-1]])  # each padded sequence's first placeholder
             for seq, position in zip(pads[first], pad_positions[first]):
                 lib.llama_memory_seq_rm(self.memory, int(seq), int(position), -1)
+        if pad is not None:
+            lib.llama_memory_seq_rm(self.memory, int(seqs[-1]), int(pad), -1)
         if read is None:
             return None, inside
         found = np.concatenate(results) if len(results) > 1 else results[0]
+        if pad is not None:
+            found = found[:-1]  # the placeholder's row (one sequence: it is the last)
         if order is not None:  # back to the caller's order of output tokens
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
         return found, inside
+
+    def _single_pad(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool) -> int | None:
+        """The position of a placeholder token that a shape-invariant pass adds, or None: a pass of
+        one sequence with one token, or with logits at one position only, would run llama.cpp's
+        one-column kernels (llamafile's sgemm takes 2 columns or more; the last layer and the
+        output head run on the positions with logits). The placeholder follows the sequence's
+        last token, with logits, in the same llama_decode; its cell is removed after."""
+        if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
+            return None
+        wanted = len(tokens) if outputs is True else 0 if outputs is False else int(np.count_nonzero(outputs))
+        if len(tokens) > 1 and wanted != 1:
+            return None
+        position = int(positions.max()) + 1
+        return position if position < self.n_ctx_seq else None
 
     def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """(sequences, positions) of placeholder tokens that give every sequence from the batch's
@@ -280,7 +337,8 @@ class _Context:
         full = np.zeros(hi - lo + 1, dtype=np.int64)
         full[present - lo] = counts
         padded = len(full) * most
-        if padded > _N_BATCH or padded + _UBATCH_POSITIONS >= int(full.sum()) + _UBATCH_POSITIONS * _ubatches(full, _N_BATCH):
+        pays = padded + _UBATCH_POSITIONS < int(full.sum()) + _UBATCH_POSITIONS * _ubatches(full, _N_BATCH)
+        if padded > _N_BATCH or not (pays or self.invariant):  # shape-invariant passes are one ubatch whatever it costs
             return None
         ends = np.full(len(full), -1, dtype=np.int64)  # each sequence's next position
         np.maximum.at(ends, seqs - lo, positions)
@@ -418,13 +476,16 @@ class LlamaCppModel:
             raise CheckpointError(f"{path}: no such GGUF file")
         lib = _llama()
         params = lib.llama_model_default_params()
+        if _exact_kernels:
+            params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
+        self.shape_invariant = _exact_kernels  # a draft may turn it off before its first cache: its logits need not be
         _log.clear()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
             raise CheckpointError(f"{path}: llama.cpp cannot load it: {' / '.join(_log[-2:]) or 'unknown error'}")
         self.weights = _Weights(handle)
         self.path = path
-        self.n_threads = n_threads or default_threads()
+        self.n_threads = min(n_threads or default_threads(), default_threads())  # more threads than cores only contend
         self.kv_type = kv_type
         self.vocab = lib.llama_model_get_vocab(handle)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))

@@ -83,7 +83,7 @@ def _load():
         function = ctypes.CDLL(str(target)).verispec_step
         function.restype = ctypes.c_int32
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 2 + [ctypes.c_void_p, ctypes.c_int32] + [ctypes.c_float] * 2 + \
-            [ctypes.c_void_p] * 5 + [ctypes.c_int32] + [ctypes.c_void_p] * 8
+            [ctypes.c_void_p] * 5 + [ctypes.c_int32] + [ctypes.c_void_p] * 8 + [ctypes.c_int32]
         _function, _status = function, f"compiled step loaded ({target.parent})"
     except Exception as error:  # no compiler, no header, ...: the engine's Python path; said once
         _status = f"compiled step unavailable ({type(error).__name__}: {str(error)[:200]})"
@@ -154,8 +154,8 @@ class CompiledStep:
                       ctypes.addressof(self._batches[1]), self.capacity, batch, _address(self.active))
         self._settings = (ctypes.c_float(getattr(drafter, "confidence_threshold", 0.0)), ctypes.c_float(params.temperature if self.sampled else 0.0),
                           *map(_address, (self.rng, self.draft_probs, self.scratch, self.beta, self.draft_pending)), width)
-        self._arrays = tuple(map(_address, (self.draft_count, self.draft_length, self.target_pending, self.target_length,
-                                            self.proposals, self.output, self.num_accepted, self.seconds)))
+        self._arrays = (*map(_address, (self.draft_count, self.draft_length, self.target_pending, self.target_length,
+                                        self.proposals, self.output, self.num_accepted, self.seconds)), int(target.shape_invariant))
 
     @classmethod
     def maybe(cls, target, cache, drafter, sampling, prompts: list[list[int]], k_max: int) -> CompiledStep | None:

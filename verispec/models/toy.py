@@ -33,7 +33,9 @@ def byte_level_tokenizer():
 def make_toy_pair(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32, sizes: str = "tiny") -> tuple[Path, Path]:
     """Write directory/target and directory/draft; return their paths.
 
-    sizes="tiny": a 4-layer target and its first layer as the draft. sizes="presets": the
+    sizes="tiny": a 4-layer target and its first layer as the draft. sizes="kquant": the same
+    with rows of 256 values (2 layers), so that llama.cpp's K-quants and IQ4 types apply to every
+    matrix rather than falling back to other types. sizes="presets": the
     architectures of the built-in pair (models.presets.PRESETS), random weights, for measuring
     speed before trained weights exist (the byte tokenizer uses only the first 257 ids).
     """
@@ -45,16 +47,18 @@ def make_toy_pair(directory: str | Path, seed: int = 0, dtype: torch.dtype = tor
 
         target = init_weights(LlamaForCausalLM(PRESETS["target"].replace(eos_token_id=eos)), seed=seed).to(dtype)
         draft = init_weights(LlamaForCausalLM(PRESETS["draft"].replace(eos_token_id=eos)), seed=seed + 1).to(dtype)
-    elif sizes == "tiny":
+    elif sizes in ("tiny", "kquant"):
+        wide = sizes == "kquant"
         config = LlamaConfig(
-            vocab_size=tokenizer.get_vocab_size(), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, eos_token_id=eos,
+            vocab_size=tokenizer.get_vocab_size(), hidden_size=256 if wide else 128, intermediate_size=512 if wide else 384,
+            num_hidden_layers=2 if wide else 4, num_attention_heads=4, num_key_value_heads=2, head_dim=64 if wide else 32,
+            tie_word_embeddings=True, eos_token_id=eos,
         )
         target = init_weights(LlamaForCausalLM(config), std=0.1, seed=seed).to(dtype)
         draft = LlamaForCausalLM(config.replace(num_hidden_layers=1)).to(dtype)
         draft.load_state_dict(target.state_dict(), strict=False)
     else:
-        raise ValueError(f"sizes must be 'tiny' or 'presets', got {sizes!r}")
+        raise ValueError(f"sizes must be 'tiny', 'kquant' or 'presets', got {sizes!r}")
     paths = directory / "target", directory / "draft"
     for model, path in zip((target, draft), paths):
         save_pretrained(model, path)

@@ -1,0 +1,118 @@
+"""Exact against plain decoding on every GGUF type: llama.cpp's pass-shape invariance.
+
+A toy target with rows of 256 values (so that K-quants and IQ4 apply to every matrix) is
+converted to f32 and quantized by llama.cpp's own quantizer to the types users download. With
+verispec's exact kernels (the default) a position's logits must not depend on the pass that
+computes them (one position or several, one row or two, a small or a large cache), and greedy
+speculative decoding must give plain decoding's tokens, with a model draft and with prompt
+lookup, at k = 1, 2, 4 and auto, one row and a batch, on the Python path and the compiled step.
+Negative controls: the same measurement without the one-token placeholder and flash attention
+finds a gap on f16; and a process with `--exact-kernels off` finds one on Q4_K_M.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from verispec import AdaptiveLength, ModelDrafter, PromptLookupDrafter, SamplingParams, generate_all
+from verispec.models.deviation import pass_shape_deviation
+from verispec.models.gguf_convert import convert
+from verispec.models.gguf_quantize import QUANT_TYPES, quant_type, quantize
+from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, unavailable
+from verispec.models.toy import make_toy_pair
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason="llama.cpp does not run here")
+
+TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+TEXTS = ["def add(a, b):\n    return a + b\n\ndef add", "for i in range(10):\n    print(i)\nfor i in", "x = x + 1\ny = y + 1\nx = x"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kquant")
+    target_dir, draft_dir = make_toy_pair(root, sizes="kquant")
+    f32 = convert(target_dir, root / "target-F32.gguf", "f32")
+    found = {"F32": f32, "draft": convert(draft_dir, root / "draft.gguf", "f32")}
+    for name in TYPES:
+        found[name] = quantize(f32, root / f"target-{name}.gguf", name, threads=1)
+    return found
+
+
+@pytest.fixture(scope="module")
+def draft(files):
+    model = LlamaCppModel(files["draft"], n_threads=2)
+    model.shape_invariant = False  # a draft's logits need not be invariant: q is whatever it computed
+    return model
+
+
+def _contexts(model) -> list[list[int]]:
+    tokenizer = GGUFTokenizer(model)
+    return [tokenizer.encode(text * 3).ids for text in TEXTS]
+
+
+def test_exact_kernels_are_the_default():
+    assert exact_kernels()
+
+
+@pytest.mark.parametrize("name", ["F32", *TYPES])
+def test_logits_do_not_depend_on_the_pass_shape(files, name):
+    model = LlamaCppModel(files[name], n_threads=2)
+    found = pass_shape_deviation(model, _contexts(model))
+    assert found.largest == 0.0, found
+
+
+def test_without_the_placeholder_and_flash_attention_the_pass_shape_shows(files):
+    """The negative control: the measurement finds the one-token kernels of llamafile's sgemm."""
+    model = LlamaCppModel(files["F16"], n_threads=2)
+    model.shape_invariant = False
+    assert pass_shape_deviation(model, _contexts(model)).largest > 0
+
+
+def test_with_exact_kernels_off_a_k_quant_depends_on_the_pass_shape(files):
+    """The negative control for the process-wide settings (repacking, ggml's tiled K-quant product):
+    a fresh process with them at llama.cpp's defaults measures a gap on Q4_K_M."""
+    code = ("import json, sys; from verispec.models import llamacpp; llamacpp.set_exact_kernels(False); "
+            "from verispec.models.deviation import pass_shape_deviation; from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel; "
+            f"m = LlamaCppModel(sys.argv[1], n_threads=2); t = GGUFTokenizer(m); "
+            f"print(json.dumps(pass_shape_deviation(m, [t.encode(x * 3).ids for x in {TEXTS!r}]).largest))")
+    done = subprocess.run([sys.executable, "-c", code, str(files["Q4_K_M"])], capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) > 0
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"])
+def test_greedy_speculative_equals_plain_on_every_type(files, draft, name):
+    target = LlamaCppModel(files[name], n_threads=2)
+    prompts = _contexts(target)
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    plain = [generate_all(target, [p], params, None, k=0)[0] for p in prompts]
+    assert generate_all(target, prompts, params, None, k=0) == plain  # a batch, plain
+    for k in (1, 2, 4, "auto"):
+        for make in (lambda: ModelDrafter(draft), PromptLookupDrafter):
+            policy = AdaptiveLength(k_max=4) if k == "auto" else k
+            for prompt, expected in zip(prompts, plain):
+                assert generate_all(target, [prompt], params, make(), k=policy)[0] == expected, (name, k)
+    assert generate_all(target, prompts, params, ModelDrafter(draft), k=3) == plain  # a batch, rows stopping apart
+
+
+def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft):
+    """Rows finish at different steps: the compiled step's target pass then has gaps between its
+    sequences (placeholders) and, at the end, one row of one token (a second placeholder)."""
+    target = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    prompts = _contexts(target)
+    budgets = [SamplingParams(temperature=0, max_new_tokens=n) for n in (30, 6, 18)]
+    plain = [generate_all(target, [p], b, None, k=0)[0] for p, b in zip(prompts, budgets)]
+    assert generate_all(target, prompts, budgets, ModelDrafter(draft), k=2) == plain
+    assert generate_all(target, prompts, budgets, None, k=0) == plain
+
+
+def test_quantize_takes_llama_quantize_names_and_refuses_others(files, tmp_path):
+    assert quant_type("q4_k_m") == "Q4_K_M" and "IQ4_XS" in QUANT_TYPES
+    with pytest.raises(ValueError, match="Q4_K_M"):
+        quant_type("q4_k_x")
+    requantized = quantize(files["Q8_0"], tmp_path / "again.gguf", "Q4_0")  # a quantized input is requantized
+    assert LlamaCppModel(requantized, n_threads=1)(torch.tensor([[1, 2, 3]])).shape == (1, 3, 257)
