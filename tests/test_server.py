@@ -534,3 +534,32 @@ def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
     assert again == rows  # a warm-up round moves no median and no ratio
     counted = [dataclasses.replace(lv, warmup=False) for lv in warm]
     assert {row["mode"]: row for row in summarize(counted + [level(m, t) for r in rounds for m, t in r.items()])} != rows  # counted, it would
+
+
+def test_a_lone_surrogate_in_a_prompt_or_a_message_is_a_400_naming_it(pair):
+    """JSON's escapes can spell a lone surrogate ("\\ud800"), which is not Unicode text: no
+    tokenizer takes it. Every such string is refused at the door, naming where it is."""
+    from verispec.server.run import build, start_in_thread
+
+    target, draft, tokenizer = pair
+    app, _ = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(3), max_batch=2,
+                   max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,), chat_template=(CHATML, {}))
+    running = start_in_thread(app)
+    try:
+        for route, body, param, where in [
+            ("completions", b'{"prompt": "def f(\\ud800):"}', "prompt", "'prompt'"),
+            ("completions", b'{"prompt": ["ok", "\\udfff"]}', "prompt", "'prompt[1]'"),
+            ("completions", b'{"prompt": "a", "stop": ["\\ud83d"]}', "stop", "'stop[0]'"),
+            ("completions", b'{"prompt": "a", "model": "\\ud800"}', "model", "'model'"),
+            ("chat/completions", b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}', "messages", "'messages[0].content'"),
+            ("chat/completions", b'{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": '
+                                 b'[{"type": "text", "text": "\\udc00"}]}]}', "messages", "'messages[1].content[0].text'"),
+        ]:
+            answer = httpx.post(f"{running.url}/v1/{route}", content=body, headers={"content-type": "application/json"}, timeout=30)
+            assert answer.status_code == 400, (body, answer.status_code, answer.text)
+            error = answer.json()["error"]
+            assert error["param"] == param and where in error["message"] and "surrogate" in error["message"], (body, error)
+        assert _post(running.url, {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}).status_code == 200
+    finally:
+        running.stop()
+

@@ -32,6 +32,7 @@ from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     BadRequest,
     CompletionRequest,
+    check_text,
     error_body,
     find_stop,
     parse_completion,
@@ -112,9 +113,11 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         except UnicodeDecodeError as error:
             raise BadRequest(f"the request body is not valid UTF-8 ({error.reason} at byte {error.start})") from None
         try:
-            return json.loads(text)
+            body = json.loads(text)
         except json.JSONDecodeError as error:
             raise BadRequest(f"the request body is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+        check_text(body)  # before any field is read: a lone surrogate is named, never a 500 from the tokenizer
+        return body
 
     def apply(choice: _Choice, event: Event, stop: list[str]) -> None:
         """A choice's new tokens and its end: the text is decoded again, cut at a stop string."""
