@@ -160,6 +160,8 @@ BAD = [
     ("min_p above one", {"prompt": "a", "min_p": 2}, 400, "'min_p' must be in"),
     ("seed string", {"prompt": "a", "seed": "x"}, 400, "'seed' must be an integer"),
     ("seed float", {"prompt": "a", "seed": 1.5}, 400, "'seed' must be an integer"),
+    ("seed negative", {"prompt": "a", "seed": -1}, 400, "'seed' must be an integer in [0, 2**63)"),
+    ("seed too large", {"prompt": "a", "seed": 2**63}, 400, "'seed' must be an integer in [0, 2**63)"),
     ("n zero", {"prompt": "a", "n": 0}, 400, "'n' must be in"),
     ("n too large", {"prompt": "a", "n": 100}, 400, "'n' must be in"),
     ("stop a number", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
@@ -563,3 +565,25 @@ def test_a_lone_surrogate_in_a_prompt_or_a_message_is_a_400_naming_it(pair):
     finally:
         running.stop()
 
+
+def test_the_server_and_the_command_line_take_the_librarys_seed_range(server, capsys):
+    """A seed is an integer in [0, 2**63) everywhere: SamplingParams, a request's "seed" (400
+    naming it outside) and `generate --seed` (one line naming --seed, exit 2, before any model
+    is loaded)."""
+    from verispec.cli import main, parse_args
+
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63)
+    for seed in (0, 2**63 - 1):
+        assert _post(server.url, {"prompt": PROMPTS[0], "max_tokens": 2, "seed": seed}).status_code == 200
+        assert parse_args(["generate", "x", "--seed", str(seed)]).seed == seed
+    for seed in (-1, 2**63, -(2**63), 2**64 - 1):
+        answer = _post(server.url, {"prompt": PROMPTS[0], "max_tokens": 2, "seed": seed})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "seed", answer.text
+        try:
+            code = main(["generate", "x", "--seed", str(seed), "--max-new-tokens", "1"])
+        except SystemExit as exit_:
+            code = exit_.code
+        assert code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--seed" in lines[0] and "2**63" in lines[0], lines

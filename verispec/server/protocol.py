@@ -165,8 +165,8 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if best_of != n:
         raise BadRequest("'best_of' other than n is not supported", "best_of")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64):
-        raise BadRequest(f"'seed' must be an integer, got {seed!r}", "seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise BadRequest(f"'seed' must be an integer in [0, 2**63), got {seed!r}", "seed")
     sampling = body.get("sampling", "rejection")
     if sampling not in SAMPLING_MODES:
         raise BadRequest(f"'sampling' must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}", "sampling")
@@ -194,8 +194,6 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if longest + max_tokens > max_model_len:
         raise BadRequest(f"the prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the context of {max_model_len} "
                          f"tokens (--max-model-len); at most {room} tokens can be generated", "max_tokens")
-    if seed is not None:
-        seed %= 2**63
     params = [
         SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new_tokens=max_tokens,
                        stop_token_ids=eos, sampling=sampling, seed=None if seed is None else row_seed(seed, j))
