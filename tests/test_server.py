@@ -566,6 +566,36 @@ def test_a_lone_surrogate_in_a_prompt_or_a_message_is_a_400_naming_it(pair):
         running.stop()
 
 
+def _serve_process(flags: list[str], port: int, stderr):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def test_a_port_in_use_fails_before_the_banner_with_one_line_naming_it():
+    """`serve` binds its port before it loads the models: a port in use is one line naming it,
+    exit 2, and no ready line."""
+    import socket
+    import subprocess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = _serve_process(["--k", "2", "--max-batch", "2", "--max-model-len", "256"], port, subprocess.PIPE)
+        try:
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    lines = stderr.decode().strip().splitlines()
+    assert process.returncode == 2 and len(lines) == 1, stderr.decode()
+    assert lines[0].startswith("verispec: error:") and "--port" in lines[0] and str(port) in lines[0] and "in use" in lines[0]
+
+
 def test_the_server_and_the_command_line_take_the_librarys_seed_range(server, capsys):
     """A seed is an integer in [0, 2**63) everywhere: SamplingParams, a request's "seed" (400
     naming it outside) and `generate --seed` (one line naming --seed, exit 2, before any model

@@ -1000,7 +1000,7 @@ def _stop_note(args: argparse.Namespace) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from .server.run import build, run
+        from .server.run import build, listen, run
     except ImportError as error:
         return _fail(f"verispec serve needs the serve extra (pip install 'verispec[serve]'): {error}")
     if not 0 <= args.port <= 65535:
@@ -1009,13 +1009,14 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail("--ray-address needs --replicas N (the engines run on Ray only then)")
     if args.replicas is not None:
         return _serve_replicas(args)
+    sock = listen(args.host, args.port)  # before the models load: a port in use is one line, before the banner
     models = load_serve_models(args)
     app, scheduler = build(models.target, models.drafter, models.tokenizer, model_name=models.name, k=models.k, max_batch=args.max_batch,
                            max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=models.eos,
                            chat_template=models.chat_template, prefill_chunk=args.prefill_chunk)
     print(f"verispec serve: {models.name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}{_stop_note(args)}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
-    run(app, args.host, args.port)
+    run(app, args.host, args.port, sock)
     return 0
 
 
