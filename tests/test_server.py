@@ -574,6 +574,66 @@ def _serve_process(flags: list[str], port: int, stderr):
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def test_sigint_ends_every_open_stream_with_a_final_chunk_and_done(tmp_path):
+    """Ctrl-C while streams are open: each choice of each stream gets its last chunk (what was
+    left of its text, finish_reason "abort"), then `data: [DONE]`; the process exits 0 and prints
+    no traceback."""
+    import contextlib
+    import signal
+    import socket
+
+    from verispec.models.toy import make_toy_pair
+
+    target, draft = make_toy_pair(tmp_path / "pair")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))  # no end of text: streams run until stopped
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = _serve_process(["--target", str(target), "--draft", str(draft), "--backend", "torch", "--k", "2", "--max-batch", "4",
+                                  "--max-model-len", "2048"], port, stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        bodies = [{"prompt": PROMPTS[0], "max_tokens": 2000, "temperature": 0, "stream": True},
+                  {"prompt": PROMPTS[1], "max_tokens": 2000, "temperature": 0.8, "seed": 1, "n": 2, "stream": True}]
+        with contextlib.ExitStack() as stack:
+            http = stack.enter_context(httpx.Client(timeout=httpx.Timeout(30.0)))
+            streams = [stack.enter_context(http.stream("POST", url + "/v1/completions", json=body)) for body in bodies]
+            lines = [stream.iter_lines() for stream in streams]
+            events: list[list[str]] = [[], []]
+            for i, it in enumerate(lines):  # every stream has begun
+                events[i].append(next(line for line in it if line))
+            process.send_signal(signal.SIGINT)
+            ends = time.time() + 30
+            for i, it in enumerate(lines):
+                for line in it:
+                    if line:
+                        events[i].append(line)
+                    assert time.time() < ends, "a stream did not end"
+        for body, stream_events in zip(bodies, events):
+            assert stream_events[-1] == "data: [DONE]", stream_events[-3:]
+            chunks = [json.loads(e.removeprefix("data: ")) for e in stream_events[:-1]]
+            assert all("error" not in c for c in chunks), chunks[-1]
+            finished = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]}
+            assert finished == dict.fromkeys(range(body.get("n", 1)), "abort"), finished
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_a_port_in_use_fails_before_the_banner_with_one_line_naming_it():
     """`serve` binds its port before it loads the models: a port in use is one line naming it,
     exit 2, and no ready line."""

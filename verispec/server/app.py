@@ -9,7 +9,8 @@ the decoded text, which is cut there, and the row is cancelled at once. A client
 away cancels its requests: their rows are free by the next pass. Every refusal is a 4xx (or
 503 when the queue is full) with OpenAI's error body; nothing a client sends reaches the
 engine unchecked. A 503 (busy, or a request that could not be completed) is retryable: its
-body's `code` is 503, and a stream that fails sends such a body as its last event. The
+body's `code` is 503, and a stream that fails sends such a body as its last event; a stream
+the server's shutdown ends gets its last chunk (finish_reason "abort") and [DONE]. The
 scheduler may be a local `Scheduler` or anything with its `submit`, `cancel` and `error`
 (replicas.py's, over Ray Serve replicas, whose events also name the replica).
 """
@@ -264,7 +265,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                 index, event = await queue.get()
                 choice = choices[index]
                 apply(choice, event, request.stop)
-                if choice.finish_reason in ("error", "abort"):
+                if choice.finish_reason == "error":  # "abort" (the server stops) ends the choice below, as any finish
                     message = f"the request could not be completed: {choice.error or choice.finish_reason}"
                     yield f"data: {json.dumps(error_body(message, None, 'server_error', 503))}\n\n"
                     cancel_all(choices)
