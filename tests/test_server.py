@@ -554,8 +554,8 @@ def test_a_lone_surrogate_in_a_prompt_or_a_message_is_a_400_naming_it(pair):
             ("completions", b'{"prompt": "a", "stop": ["\\ud83d"]}', "stop", "'stop[0]'"),
             ("completions", b'{"prompt": "a", "model": "\\ud800"}', "model", "'model'"),
             ("chat/completions", b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}', "messages", "'messages[0].content'"),
-            ("chat/completions", b'{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": '
-                                 b'[{"type": "text", "text": "\\udc00"}]}]}', "messages", "'messages[1].content[0].text'"),
+            ("chat/completions", (b'{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": '
+                                  b'[{"type": "text", "text": "\\udc00"}]}]}'), "messages", "'messages[1].content[0].text'"),
         ]:
             answer = httpx.post(f"{running.url}/v1/{route}", content=body, headers={"content-type": "application/json"}, timeout=30)
             assert answer.status_code == 400, (body, answer.status_code, answer.text)

@@ -73,7 +73,7 @@ def _refuse_surrogate(text: str, what: str, param: str | None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise BadRequest(f"{what} holds a lone surrogate ({ascii(text[error.start])}): text must be valid Unicode", param) from None
+        raise BadRequest(f"{what} holds a lone surrogate ({text[error.start]!a}): text must be valid Unicode", param) from None
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
