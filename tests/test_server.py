@@ -160,6 +160,8 @@ BAD = [
     ("min_p above one", {"prompt": "a", "min_p": 2}, 400, "'min_p' must be in"),
     ("seed string", {"prompt": "a", "seed": "x"}, 400, "'seed' must be an integer"),
     ("seed float", {"prompt": "a", "seed": 1.5}, 400, "'seed' must be an integer"),
+    ("seed negative", {"prompt": "a", "seed": -1}, 400, "'seed' must be an integer in [0, 2**63)"),
+    ("seed too large", {"prompt": "a", "seed": 2**63}, 400, "'seed' must be an integer in [0, 2**63)"),
     ("n zero", {"prompt": "a", "n": 0}, 400, "'n' must be in"),
     ("n too large", {"prompt": "a", "n": 100}, 400, "'n' must be in"),
     ("stop a number", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
@@ -534,3 +536,144 @@ def test_summarize_compares_with_the_best_other_mode_by_medians_and_by_rounds():
     assert again == rows  # a warm-up round moves no median and no ratio
     counted = [dataclasses.replace(lv, warmup=False) for lv in warm]
     assert {row["mode"]: row for row in summarize(counted + [level(m, t) for r in rounds for m, t in r.items()])} != rows  # counted, it would
+
+
+def test_a_lone_surrogate_in_a_prompt_or_a_message_is_a_400_naming_it(pair):
+    """JSON's escapes can spell a lone surrogate ("\\ud800"), which is not Unicode text: no
+    tokenizer takes it. Every such string is refused at the door, naming where it is."""
+    from verispec.server.run import build, start_in_thread
+
+    target, draft, tokenizer = pair
+    app, _ = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=FixedLength(3), max_batch=2,
+                   max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,), chat_template=(CHATML, {}))
+    running = start_in_thread(app)
+    try:
+        for route, body, param, where in [
+            ("completions", b'{"prompt": "def f(\\ud800):"}', "prompt", "'prompt'"),
+            ("completions", b'{"prompt": ["ok", "\\udfff"]}', "prompt", "'prompt[1]'"),
+            ("completions", b'{"prompt": "a", "stop": ["\\ud83d"]}', "stop", "'stop[0]'"),
+            ("completions", b'{"prompt": "a", "model": "\\ud800"}', "model", "'model'"),
+            ("chat/completions", b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}', "messages", "'messages[0].content'"),
+            ("chat/completions", (b'{"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": '
+                                  b'[{"type": "text", "text": "\\udc00"}]}]}'), "messages", "'messages[1].content[0].text'"),
+        ]:
+            answer = httpx.post(f"{running.url}/v1/{route}", content=body, headers={"content-type": "application/json"}, timeout=30)
+            assert answer.status_code == 400, (body, answer.status_code, answer.text)
+            error = answer.json()["error"]
+            assert error["param"] == param and where in error["message"] and "surrogate" in error["message"], (body, error)
+        assert _post(running.url, {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}).status_code == 200
+    finally:
+        running.stop()
+
+
+def _serve_process(flags: list[str], port: int, stderr):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def test_sigint_ends_every_open_stream_with_a_final_chunk_and_done(tmp_path):
+    """Ctrl-C while streams are open: each choice of each stream gets its last chunk (what was
+    left of its text, finish_reason "abort"), then `data: [DONE]`; the process exits 0 and prints
+    no traceback."""
+    import contextlib
+    import signal
+    import socket
+
+    from verispec.models.toy import make_toy_pair
+
+    target, draft = make_toy_pair(tmp_path / "pair")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))  # no end of text: streams run until stopped
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = _serve_process(["--target", str(target), "--draft", str(draft), "--backend", "torch", "--k", "2", "--max-batch", "4",
+                                  "--max-model-len", "2048"], port, stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        bodies = [{"prompt": PROMPTS[0], "max_tokens": 2000, "temperature": 0, "stream": True},
+                  {"prompt": PROMPTS[1], "max_tokens": 2000, "temperature": 0.8, "seed": 1, "n": 2, "stream": True}]
+        with contextlib.ExitStack() as stack:
+            http = stack.enter_context(httpx.Client(timeout=httpx.Timeout(30.0)))
+            streams = [stack.enter_context(http.stream("POST", url + "/v1/completions", json=body)) for body in bodies]
+            lines = [stream.iter_lines() for stream in streams]
+            events: list[list[str]] = [[], []]
+            for i, it in enumerate(lines):  # every stream has begun
+                events[i].append(next(line for line in it if line))
+            process.send_signal(signal.SIGINT)
+            ends = time.time() + 30
+            for i, it in enumerate(lines):
+                for line in it:
+                    if line:
+                        events[i].append(line)
+                    assert time.time() < ends, "a stream did not end"
+        for body, stream_events in zip(bodies, events):
+            assert stream_events[-1] == "data: [DONE]", stream_events[-3:]
+            chunks = [json.loads(e.removeprefix("data: ")) for e in stream_events[:-1]]
+            assert all("error" not in c for c in chunks), chunks[-1]
+            finished = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]}
+            assert finished == dict.fromkeys(range(body.get("n", 1)), "abort"), finished
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in log.read_text(), log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_port_in_use_fails_before_the_banner_with_one_line_naming_it():
+    """`serve` binds its port before it loads the models: a port in use is one line naming it,
+    exit 2, and no ready line."""
+    import socket
+    import subprocess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = _serve_process(["--k", "2", "--max-batch", "2", "--max-model-len", "256"], port, subprocess.PIPE)
+        try:
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    lines = stderr.decode().strip().splitlines()
+    assert process.returncode == 2 and len(lines) == 1, stderr.decode()
+    assert lines[0].startswith("verispec: error:") and "--port" in lines[0] and str(port) in lines[0] and "in use" in lines[0]
+
+
+def test_the_server_and_the_command_line_take_the_librarys_seed_range(server, capsys):
+    """A seed is an integer in [0, 2**63) everywhere: SamplingParams, a request's "seed" (400
+    naming it outside) and `generate --seed` (one line naming --seed, exit 2, before any model
+    is loaded)."""
+    from verispec.cli import main, parse_args
+
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63)
+    for seed in (0, 2**63 - 1):
+        assert _post(server.url, {"prompt": PROMPTS[0], "max_tokens": 2, "seed": seed}).status_code == 200
+        assert parse_args(["generate", "x", "--seed", str(seed)]).seed == seed
+    for seed in (-1, 2**63, -(2**63), 2**64 - 1):
+        answer = _post(server.url, {"prompt": PROMPTS[0], "max_tokens": 2, "seed": seed})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "seed", answer.text
+        try:
+            code = main(["generate", "x", "--seed", str(seed), "--max-new-tokens", "1"])
+        except SystemExit as exit_:
+            code = exit_.code
+        assert code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--seed" in lines[0] and "2**63" in lines[0], lines

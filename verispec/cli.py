@@ -102,6 +102,17 @@ def _draft_length(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
 
 
+def _seed(text: str) -> int:
+    """--seed of sampling: SamplingParams' range, [0, 2**63), as the server's "seed"."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63), got {text!r}")
+    return value
+
+
 def _confidence(text: str) -> float:
     try:
         value = float(text)
@@ -166,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
     _add_sampling_arguments(gen, temperature=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
-    gen.add_argument("--seed", type=int, default=None, help="random seed of the sampling (default: fresh entropy)")
+    gen.add_argument("--seed", type=_seed, default=None, help="random seed of the sampling (default: fresh entropy)")
     gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
@@ -254,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
-    bench.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    bench.add_argument("--seed", type=_seed, default=0, help="sampling seed (default 0)")
     bench.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     bench.add_argument("--json", help="write the results here")
     bench.add_argument("--csv", help="write one row per run here")
@@ -274,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     adv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     adv.add_argument("--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)")
     adv.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts (default: all)")
-    adv.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    adv.add_argument("--seed", type=_seed, default=0, help="sampling seed (default 0)")
     adv.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     adv.add_argument("--json", help="write the report here")
     _add_backend_arguments(adv)
@@ -289,7 +300,7 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)")
     chk.add_argument("--max-new-tokens", type=int, default=16, help="tokens per row in the comparisons (default 16)")
     _add_sampling_arguments(chk, temperature=1.0)
-    chk.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    chk.add_argument("--seed", type=_seed, default=0, help="seed of every draw (default 0)")
     chk.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
     chk.add_argument("--json", metavar="OUT", help="write the report here")
     _add_backend_arguments(chk)
@@ -1030,7 +1041,7 @@ def _stop_note(args: argparse.Namespace) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from .server.run import build, run
+        from .server.run import build, listen, run
     except ImportError as error:
         return _fail(f"verispec serve needs the serve extra (pip install 'verispec[serve]'): {error}")
     if not 0 <= args.port <= 65535:
@@ -1039,13 +1050,14 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail("--ray-address needs --replicas N (the engines run on Ray only then)")
     if args.replicas is not None:
         return _serve_replicas(args)
+    sock = listen(args.host, args.port)  # before the models load: a port in use is one line, before the banner
     models = load_serve_models(args)
     app, scheduler = build(models.target, models.drafter, models.tokenizer, model_name=models.name, k=models.k, max_batch=args.max_batch,
                            max_waiting=args.max_waiting, max_model_len=args.max_model_len, eos=models.eos,
                            chat_template=models.chat_template, prefill_chunk=args.prefill_chunk)
     print(f"verispec serve: {models.name} on http://{args.host}:{args.port}/v1 ({args.max_batch} rows, k={args.k}{_stop_note(args)}, "
           f"context {scheduler.max_model_len}); Ctrl-C stops", file=sys.stderr)
-    run(app, args.host, args.port)
+    run(app, args.host, args.port, sock)
     return 0
 
 

@@ -9,7 +9,8 @@ the decoded text, which is cut there, and the row is cancelled at once. A client
 away cancels its requests: their rows are free by the next pass. Every refusal is a 4xx (or
 503 when the queue is full) with OpenAI's error body; nothing a client sends reaches the
 engine unchecked. A 503 (busy, or a request that could not be completed) is retryable: its
-body's `code` is 503, and a stream that fails sends such a body as its last event. The
+body's `code` is 503, and a stream that fails sends such a body as its last event; a stream
+the server's shutdown ends gets its last chunk (finish_reason "abort") and [DONE]. The
 scheduler may be a local `Scheduler` or anything with its `submit`, `cancel` and `error`
 (replicas.py's, over Ray Serve replicas, whose events also name the replica).
 """
@@ -32,6 +33,7 @@ from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     BadRequest,
     CompletionRequest,
+    check_text,
     error_body,
     find_stop,
     parse_completion,
@@ -112,9 +114,11 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         except UnicodeDecodeError as error:
             raise BadRequest(f"the request body is not valid UTF-8 ({error.reason} at byte {error.start})") from None
         try:
-            return json.loads(text)
+            body = json.loads(text)
         except json.JSONDecodeError as error:
             raise BadRequest(f"the request body is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+        check_text(body)  # before any field is read: a lone surrogate is named, never a 500 from the tokenizer
+        return body
 
     def apply(choice: _Choice, event: Event, stop: list[str]) -> None:
         """A choice's new tokens and its end: the text is decoded again, cut at a stop string."""
@@ -261,7 +265,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                 index, event = await queue.get()
                 choice = choices[index]
                 apply(choice, event, request.stop)
-                if choice.finish_reason in ("error", "abort"):
+                if choice.finish_reason == "error":  # "abort" (the server stops) ends the choice below, as any finish
                     message = f"the request could not be completed: {choice.error or choice.finish_reason}"
                     yield f"data: {json.dumps(error_body(message, None, 'server_error', 503))}\n\n"
                     cancel_all(choices)

@@ -2,8 +2,9 @@
 
 Owns `parse_completion` (a JSON body -> `CompletionRequest`, or `BadRequest` naming the field
 and what is wrong: wrong types, out-of-range values, unknown fields, a prompt that does not fit
-the context with its max_tokens), `error_body` (OpenAI's error object) and the helpers for stop
-strings and streamed text. Knows nothing of models or of HTTP itself.
+the context with its max_tokens), `check_text` (no lone surrogate in any string of a body),
+`error_body` (OpenAI's error object) and the helpers for stop strings and streamed text.
+Knows nothing of models or of HTTP itself.
 """
 
 from __future__ import annotations
@@ -44,6 +45,35 @@ class CompletionRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage
     logprobs: int | None = None  # each token's log-probability and this many alternatives (OpenAI: at most 5)
+
+
+def check_text(body) -> None:
+    """Every string of a JSON body, keys included, must be Unicode text: JSON's escapes can spell
+    a lone surrogate ("\\ud800"), which no tokenizer takes and no UTF-8 encoder writes. BadRequest
+    naming the first such string ('prompt[1]', 'messages[0].content'); its top field is `param`."""
+    pending = [(body, "", None)]  # (value, where, top field); a stack, not recursion: JSON may nest deeply
+    while pending:
+        value, where, top = pending.pop()
+        if isinstance(value, str):
+            _refuse_surrogate(value, f"'{where}'" if where else "the request body", top)
+        elif isinstance(value, dict):
+            for key in reversed(list(value)):  # the first field in the body is reported first
+                name = f"{where}.{_printable(key)}" if where else _printable(key)
+                _refuse_surrogate(key, f"the field name '{name}'", top or name)
+                pending.append((value[key], name, top or name))
+        elif isinstance(value, list):
+            pending.extend((value[i], f"{where}[{i}]", top) for i in reversed(range(len(value))))
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _refuse_surrogate(text: str, what: str, param: str | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise BadRequest(f"{what} holds a lone surrogate ({text[error.start]!a}): text must be valid Unicode", param) from None
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
@@ -135,8 +165,8 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if best_of != n:
         raise BadRequest("'best_of' other than n is not supported", "best_of")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64):
-        raise BadRequest(f"'seed' must be an integer, got {seed!r}", "seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise BadRequest(f"'seed' must be an integer in [0, 2**63), got {seed!r}", "seed")
     sampling = body.get("sampling", "rejection")
     if sampling not in SAMPLING_MODES:
         raise BadRequest(f"'sampling' must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}", "sampling")
@@ -164,8 +194,6 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if longest + max_tokens > max_model_len:
         raise BadRequest(f"the prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the context of {max_model_len} "
                          f"tokens (--max-model-len); at most {room} tokens can be generated", "max_tokens")
-    if seed is not None:
-        seed %= 2**63
     params = [
         SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new_tokens=max_tokens,
                        stop_token_ids=eos, sampling=sampling, seed=None if seed is None else row_seed(seed, j))

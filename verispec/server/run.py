@@ -1,6 +1,8 @@
 """Putting the server together and running it: `build` (scheduler, metrics, app over loaded
-models) and `run` (uvicorn on host:port until SIGINT or SIGTERM, then the scheduler stops:
-the requests it held end with an error event, the thread is joined). `ServedModels` is what
+models), `listen` (host:port bound before the models load) and `run` (uvicorn on host:port
+until SIGINT or SIGTERM; on the signal the scheduler stops at once, so the requests it held
+end: a stream with its last chunk and [DONE], any other with a retryable 503; then the
+connections close and the thread is joined). `ServedModels` is what
 the command line loads for a server, in this process or in each Ray replica (replicas.py);
 `model_len` is the context rule both use. `Running` is a server in a thread of this process
 (tests), `Spawned` one in a process of its own (bench-serve's servers under test).
@@ -58,18 +60,48 @@ def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8,
             scheduler.stop()
 
     app.router.lifespan_context = lifespan
+    app.state.stop_requests = lambda: scheduler.stop(timeout=0)  # run() calls it on SIGINT or SIGTERM
     return app, scheduler
 
 
-def run(app, host: str, port: int) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully (open streams get up to 5 s, the
-    scheduler stops) and return: the command exits 0. uvicorn's own handling would re-raise the
-    signal after its shutdown, so the process would die by it."""
+def listen(host: str, port: int):
+    """A socket bound to host:port for `run` (which listens on it), so that the command can bind
+    before it loads the models: a port in use is then one line naming it, not an error after the
+    ready line. ValueError naming --port (or --host) when it cannot be bound."""
+    import errno
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait for TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ValueError(f"--port {port}: {host}:{port} is already in use (another server?)") from None
+        raise ValueError(f"cannot listen on {host}:{port} (--host, --port): {error.strerror or error}") from None
+    return sock
+
+
+def run(app, host: str, port: int, sock=None) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully and return: the command exits 0.
+    The signal first stops the scheduler (`app.state.stop_requests`, from `build`): every request
+    it holds ends at once, a stream with its last chunk (finish_reason "abort") and [DONE];
+    uvicorn alone would wait 5 s for the open streams and then cut them. uvicorn's own handling
+    would also re-raise the signal after its shutdown, so the process would die by it. `sock`:
+    one from `listen`, bound already (else uvicorn binds host:port)."""
     import signal
 
     import uvicorn
 
+    stop_requests = getattr(app.state, "stop_requests", None)
+
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit and stop_requests is not None:
+                stop_requests()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self):
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -79,7 +111,8 @@ def run(app, host: str, port: int) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run(
+        sockets=None if sock is None else [sock])
 
 
 class Running:

@@ -108,6 +108,8 @@ class Scheduler:
             raise RuntimeError(f"the scheduler could not start: {self.error}") from self.error
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Take no more requests; at its next turn the loop ends every request it holds
+        (finish_reason "abort") and returns. Waits up to `timeout` s for it (0: not at all)."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
