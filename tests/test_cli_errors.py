@@ -59,6 +59,7 @@ CASES = [
     ([*G, "--device", "cuda"], "no CUDA device", None),
     ([*G, "--confidence-threshold", "1.5"], "--confidence-threshold", None),
     ([*G, "--stop", ""], "--stop", None),
+    ([*G, "--stop", "\\u12"], "--stop \\u12: \\u needs four hex digits", None),
     ([*G, "--draft", "/nonexistent/draft"], "no such file or directory", None),
     ([*G, "--draft", "early-exit:x"], "layer count", None),
     ([*G, "--draft", "early-exit:9"], "early exit takes 1 to 3", None),

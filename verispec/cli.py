@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,11 +21,12 @@ from . import __version__
 from .config import SamplingParams
 from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
-from .engine import generate
+from .engine import Batch
 from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
 from .models.hf import load_model
 from .models.vocab import check_same_tokenizer, match_vocab_size
+from .server.protocol import find_stop, safe_prefix
 from .stats import SpecStats
 
 
@@ -153,8 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
     gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
                      'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens"')
-    gen.add_argument("--json", metavar="OUT", help="write the prompts, completions (text and token ids), finish reasons and statistics here")
-    gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a completion before this text (repeatable)")
+    gen.add_argument("--json", metavar="OUT", help="also write the prompts, completions (text and token ids), finish reasons and statistics "
+                     "to the file OUT; what is printed is the same with or without it (one prompt streams its text)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
+                          "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' ends at a blank line")
     gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
     gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
     gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
@@ -438,10 +444,93 @@ def _prompt_texts(args: argparse.Namespace, settings: list[dict] | None = None) 
     return texts
 
 
-def _stop_at(text: str, stops: list[str]) -> int | None:
-    """Where text must end: before the earliest stop string in it, or None."""
-    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return min(found) if found else None
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _unescape(text: str) -> str:
+    """A --stop value with the escapes of C and JSON read, as a shell passes them literally:
+    \\n \\t \\r \\\\ \\" \\' and \\uXXXX (a surrogate pair is one character); any other
+    backslash stays. Other characters are kept as they are (no codec: non-ASCII text survives)."""
+    def one(match: re.Match) -> str:
+        code = match.group(1)
+        if code[0] != "u":
+            return _ESCAPES.get(code, match.group(0))
+        if len(code) != 5:
+            raise ValueError(f"--stop {text}: \\u needs four hex digits")
+        return chr(int(code[1:], 16))
+
+    value = re.sub(r"\\(u[0-9a-fA-F]{0,4}|.)", one, text, flags=re.DOTALL)
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeError:
+        raise ValueError(f"--stop {text}: not valid UTF-8 text (half a surrogate pair)") from None
+
+
+def _stop_strings(values: list[str]) -> list[str]:
+    """The --stop values, escapes read; an empty one is refused."""
+    stops = [_unescape(value) for value in values]
+    if any(stop == "" for stop in stops):
+        raise ValueError("--stop needs a non-empty string")
+    return stops
+
+
+def _kept(ids: list[int], before: int, stops: list[str], decode) -> int | None:
+    """When the text of ids holds a stop string: the fewest of them (more than `before`, whose
+    text held none) that hold it; else None."""
+    if not stops or find_stop(decode(ids), stops) is None:
+        return None
+    return next(m for m in range(before + 1, len(ids) + 1) if find_stop(decode(ids[:m]), stops) is not None)
+
+
+def _row_text(ids: list[int], stops: list[str], decode) -> str:
+    """A row's text, ended before its first stop string."""
+    text = decode(ids)
+    at = find_stop(text, stops) if stops else None
+    return text if at is None else text[:at]
+
+
+def _request_stats(batch: Batch, row: int):
+    """The RequestStats of a row of `generate`'s batch, running or just finished."""
+    return dict(batch.finished).get(row) or batch.requests[batch.ids.index(row)]
+
+
+def _decode_rows(batch: Batch, decode, stops: list[str], stream: bool) -> list[list[int]]:
+    """Run a batch to its end; each row's tokens. A row whose text reaches a stop string keeps the
+    fewest tokens that hold it, stops decoding (finish reason 'stop', its tokens counted to
+    there) and leaves; the other rows go on. With `stream`, row 0's text is written to standard
+    output as it comes (a tail that may begin a stop string, or an unfinished UTF-8 character,
+    is held back until it is known)."""
+    generated: list[list[int]] = [[] for _ in range(len(batch))]
+    shown = ""
+    try:
+        while any(batch.active):
+            chunk = batch.step()
+            stopped = []
+            for row, tokens in chunk.items():
+                before = len(generated[row])
+                generated[row] += tokens
+                kept = _kept(generated[row], before, stops, decode) if tokens else None
+                if kept is not None:
+                    request = _request_stats(batch, row)
+                    request.generated_tokens -= len(generated[row]) - kept
+                    request.finish_reason = "stop"
+                    del generated[row][kept:]
+                    stopped.append(row)
+            batch.cancel(stopped, "stop")
+            if stream:
+                shown = _show(_row_text(generated[0], stops, decode), shown, not any(batch.active), stops)
+    finally:
+        batch.close()
+    return generated
+
+
+def _show(text: str, shown: str, done: bool, stops: list[str]) -> str:
+    """Write what of text can be shown now past what was (`shown`); what is shown now."""
+    text = text[: safe_prefix(text, stops, done)]
+    if text != shown:
+        sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
+        sys.stdout.flush()
+    return text
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -449,10 +538,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     row_settings: list[dict] = []
     texts = _prompt_texts(args, row_settings)
+    stops = _stop_strings(args.stop)
     if args.json is not None:
         _check_writable(args.json, "--json")
-    if any(stop == "" for stop in args.stop):
-        return _fail("--stop needs a non-empty string")
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
@@ -496,39 +584,16 @@ def _generate(args: argparse.Namespace) -> int:
         k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r, prior_batch=len(prompt_ids))
         plain_step_s = profile.target_s[0]
     stats = SpecStats()
-    generated: list[list[int]] = [[] for _ in texts]
-    ends: list[int | None] = [None] * len(texts)  # where a stop string cut a row's text
-    stream = len(texts) == 1 and args.json is None
-    shown = ""
+    stream = len(texts) == 1
     if stream:
         sys.stdout.write(texts[0])
-    steps = generate(target, prompt_ids, params, drafter, k=k, stats=stats)
-    for chunk in steps:
-        for row, tokens in enumerate(chunk):
-            if tokens and ends[row] is None:
-                generated[row].extend(tokens)
-                if args.stop:
-                    ends[row] = _stop_at(tokenizer.decode(generated[row], skip_special_tokens=True), args.stop)
-        if stream:
-            text = tokenizer.decode(generated[0], skip_special_tokens=True)
-            text = text if ends[0] is None else text[: ends[0]]
-            if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
-                sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
-                sys.stdout.flush()
-                shown = text
-        if args.stop and all(end is not None for end in ends):
-            break  # every row reached a stop string
-    steps.close()  # its statistics are complete once it is closed
-    results = []
-    for row, (prompt, ids) in enumerate(zip(texts, generated)):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        request = stats.requests[row] if row < len(stats.requests) else None
-        finish = "stop" if ends[row] is not None else (request.finish_reason if request else None)
-        results.append({"prompt": prompt, "text": text if ends[row] is None else text[: ends[row]], "token_ids": ids,
-                        "finish_reason": finish})
+    decode = partial(tokenizer.decode, skip_special_tokens=True)
+    generated = _decode_rows(Batch(target, prompt_ids, params, drafter, k, stats), decode, stops, stream)
+    results = [{"prompt": prompt, "text": _row_text(ids, stops, decode), "token_ids": ids, "finish_reason": request.finish_reason}
+               for prompt, ids, request in zip(texts, generated, stats.requests)]
     if stream:
         print()
-    elif args.json is None:
+    else:
         for result in results:
             print(result["prompt"] + result["text"])
             print()
@@ -1011,8 +1076,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_replicas(args: argparse.Namespace) -> int:
     """`serve --replicas N`: the flags and models are checked here (loaded once, then dropped),
     then N replicas load them again on Ray Serve (server/replicas.py) until SIGINT or SIGTERM."""
-    from functools import partial
-
     try:
         from ray import serve  # noqa: F401
 
@@ -1132,8 +1195,6 @@ class _FileError(ValueError):
 
 
 def _flag_names(message: str) -> str:
-    import re
-
     return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
 
 
