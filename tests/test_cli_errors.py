@@ -26,6 +26,7 @@ def files(tmp_path_factory):
     (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     (root / "empty.jsonl").write_text("\n")
     (root / "bad_row.jsonl").write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "top_p": 2}) + "\n")
+    (root / "typo.jsonl").write_text(json.dumps({"prompt": "a", "temprature": 0.5}) + "\n")
     (root / "good.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
     (root / "plain.txt").write_text("not a model\n")
     (root / "outdir").mkdir()
@@ -71,6 +72,7 @@ CASES = [
     (["generate", "--prompts", "{latin1}", *T], "not UTF-8", None),
     (["generate", "--prompts", "{empty}", *T], "no prompts", None),
     (["generate", "--prompts", "{bad_row}", *T], "bad_row.jsonl:2: top_p must be in (0, 1]", None),
+    (["generate", "--prompts", "{typo}", *T], 'typo.jsonl:1: unknown key "temprature"', None),
     (["generate", "--prompts", "/nonexistent/prompts.jsonl", *T], "No such file", None),
     (["generate", "caf\udce9", *T], "not valid UTF-8", None),  # undecodable argv bytes arrive as lone surrogates
     (["generate", "-", *T], "standard input is not UTF-8", b"caf\xe9"),

@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
     gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
-                     'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens"')
+                     'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens" (any other key is refused)')
     gen.add_argument("--json", metavar="OUT", help="also write the prompts, completions (text and token ids), finish reasons and statistics "
                      "to the file OUT; what is printed is the same with or without it (one prompt streams its text)")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -792,8 +792,9 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
 
 def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = None) -> list[str]:
     """The "prompt" strings of a JSON-lines file (the first `limit`). With `settings`, each
-    line's ROW_SETTINGS are checked (as SamplingParams checks them, named with the line) and
-    appended to it, one dict per prompt."""
+    line's ROW_SETTINGS are checked (as SamplingParams checks them, named with the line; a key
+    that is neither one nor "prompt" is refused, as the server refuses one) and appended to it,
+    one dict per prompt."""
     import json
 
     if limit is not None and limit < 1:
@@ -815,6 +816,10 @@ def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = No
             raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string')
         prompts.append(prompt)
         if settings is not None:
+            unknown = sorted(set(record) - {"prompt", *ROW_SETTINGS})
+            if unknown:  # a misspelt setting would silently not apply
+                raise _FileError(f'{path}:{number}: unknown key "{unknown[0]}" (a line may set "prompt", '
+                                 + ", ".join(f'"{key}"' for key in ROW_SETTINGS) + ")")
             row = {key: record[key] for key in ROW_SETTINGS if key in record}
             try:
                 SamplingParams(**row)
