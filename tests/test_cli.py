@@ -196,3 +196,11 @@ def test_json_with_one_prompt_streams_the_text_as_without_it(pair, tmp_path, cap
     assert out.startswith("def f(x):" + full[: full.index(stop)] + "\n")
     assert main([*common, "--stop", stop.replace("\\", "\\\\")]) == 0
     assert capsys.readouterr().out.splitlines()[:-1] == out.splitlines()[:-2]  # without --json: the same, less "wrote OUT"
+
+
+@pytest.mark.parametrize("target", ["toy", "built-in"])
+def test_draft_none_means_no_draft_as_in_serve(pair, capsys, target):
+    where = ["--target", str(pair[0])] if target == "toy" else []
+    assert main(["generate", "def f(x):", *where, "--draft", "none", "--max-new-tokens", "4", "--ignore-eos",
+                 "--backend", "torch"]) == 0
+    assert "no speculation, 4 target passes" in capsys.readouterr().out.splitlines()[-1]

@@ -162,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
                           "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' ends at a blank line")
     gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
-    gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
+    gen.add_argument("--draft", help="draft model directory or GGUF file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L layers) "
+                     "or 'none' (no speculation); default: the built-in draft with the built-in target, else none")
     gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
     gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
     _add_sampling_arguments(gen, temperature=0.0)
@@ -544,7 +545,8 @@ def _generate(args: argparse.Namespace) -> int:
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
-    drafter = None if args.draft is None or args.no_speculation else _drafter(args.draft, dtype, target, args.target, args)
+    no_draft = args.draft in (None, "none") or args.no_speculation  # 'none' as in serve: the built-in target alone too
+    drafter = None if no_draft else _drafter(args.draft, dtype, target, args.target, args)
     eos = target.config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
