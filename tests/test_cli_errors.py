@@ -97,6 +97,8 @@ CASES = [
     (["profile", *T, "--context", "100000"], "context of 2048 positions", None),
     (["profile", *T, "--k-max", "0"], "--k-max", None),
     (["profile", *T, "--repeats", "0"], "--repeats", None),
+    (["profile", *T, "--draft", "ngram"], "--draft ngram: profile times a draft model's passes", None),
+    (["profile", *T, "--draft", "early-exit:2"], "--draft early-exit:2: profile times a draft model's passes", None),
     # convert, quantize, train, the command itself
     (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),
     (["convert", "--model", "{target}", "--out", "/nonexistent/dir/x.gguf"], "--out", None),

@@ -298,7 +298,8 @@ def _parser() -> argparse.ArgumentParser:
 
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
     prof.add_argument("--target", help="target model directory or GGUF file, or a preset name of verispec.train (random weights); default: the built-in pair")
-    prof.add_argument("--draft", help="draft model directory or preset name")
+    prof.add_argument("--draft", help="draft model directory, GGUF file or preset name: profile times a model's passes "
+                      "(not 'ngram' or 'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target")
     prof.add_argument("--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)")
     prof.add_argument("--batch-size", type=int, default=1, help="rows per pass (default 1)")
     prof.add_argument("--context", type=int, default=128, help="positions already in the cache when timing (default 128)")
@@ -729,7 +730,12 @@ def _profile(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")):
+        return _fail(f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset name); "
+                     "for prompt lookup or early exit, plan measures acceptance and cost")
     _default_pair(args)
+    if args.draft == "none":
+        args.draft = None
     if args.compare_quantized:  # verispec's own int8/int4 formats run on PyTorch
         if args.backend == "llamacpp":
             return _fail("--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
