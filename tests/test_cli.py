@@ -204,3 +204,12 @@ def test_draft_none_means_no_draft_as_in_serve(pair, capsys, target):
     assert main(["generate", "def f(x):", *where, "--draft", "none", "--max-new-tokens", "4", "--ignore-eos",
                  "--backend", "torch"]) == 0
     assert "no speculation, 4 target passes" in capsys.readouterr().out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["--no-speculation", "--k", "0"], ["--k", "4", "--k-max", "8"], ["--k", "12"], ["--gguf-type", "q8_0"],
+                                  ["--target", "m.gguf", "--draft", "hf/draft", "--gguf-type", "q8_0"]])
+def test_flags_that_fit_together_parse(argv):
+    """The contradictions refused (tests/test_cli_errors.py) are only those: --k 0 is plain decoding, a
+    fixed k needs no --k-max, and --gguf-type converts a directory given beside a GGUF target."""
+    args = parse_args(["generate", "hi", *argv])
+    assert args.k_max == int(argv[argv.index("--k-max") + 1]) if "--k-max" in argv else args.k_max == 8

@@ -64,6 +64,11 @@ CASES = [
     ([*G, "--draft", "/nonexistent/draft"], "no such file or directory", None),
     ([*G, "--draft", "early-exit:x"], "layer count", None),
     ([*G, "--draft", "early-exit:9"], "early exit takes 1 to 3", None),
+    # generate: flags that contradict each other
+    ([*G, "--no-speculation", "--k", "4"], "--no-speculation decodes without a draft, so --k 4 contradicts it", None),
+    ([*G, "--draft", "{draft}", "--k", "4", "--k-max", "2"], "--k 4 is above --k-max 2", None),
+    (["generate", "hi", "--target", "{root}/model.gguf", "--gguf-type", "q8_0"], "--gguf-type q8_0: the target", None),
+    (["profile", "--target", "{root}/model.gguf", "--draft", "{root}/d.gguf", "--gguf-type", "q8_0"], "is a GGUF file, whose type is its own", None),
     # generate: prompts
     (["generate", *T], "no prompt", None),
     (["generate", "hi", "--prompt", "ho", *T], "give one of PROMPT, --prompt and --prompts", None),

@@ -140,8 +140,9 @@ def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
                              "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
-    parser.add_argument("--gguf-type", default="f32", choices=GGUF_TYPES,
-                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32)")
+    parser.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32; "
+                             "refused when no model given is a directory: a GGUF file's type is its own)")
     parser.add_argument("--threads", type=_positive, default=None, help="llama.cpp threads (default: every core this process may use)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)")
 
@@ -164,12 +165,12 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
     gen.add_argument("--draft", help="draft model directory or GGUF file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L layers) "
                      "or 'none' (no speculation); default: the built-in draft with the built-in target, else none")
-    gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
-    gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
+    gen.add_argument("--k", type=_draft_length, default=None, help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
+    gen.add_argument("--k-max", type=int, default=None, help="with --k auto: the longest draft considered (default 8; a fixed --k above it is refused)")
     _add_sampling_arguments(gen, temperature=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
     gen.add_argument("--seed", type=int, default=None, help="random seed of the sampling (default: fresh entropy)")
-    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
+    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target (no --k with it)")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
     _add_confidence_argument(gen)
@@ -344,7 +345,7 @@ def _load(path: str, args: argparse.Namespace, dtype):
     device = _device(args)
     if device.type != "cpu" and is_gguf(path):
         raise ValueError(f"{path}: a GGUF file runs on llama.cpp, on the CPU here, not on --device {args.device}")
-    model, note = load(path, args.backend, dtype, args.gguf_type, device=device, n_threads=args.threads)
+    model, note = load(path, args.backend, dtype, args.gguf_type or "f32", device=device, n_threads=args.threads)
     if note:
         print(f"verispec: {note}", file=sys.stderr)
     if not isinstance(model, torch.nn.Module) and getattr(args, "peer", None) != "hf":
@@ -883,7 +884,8 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     ks = _draft_lengths(args.k)
     temperature = _temperatures(args.temperature)[0]
     texts = _read_prompts(args.prompts, args.max_prompts)
-    target, draft = gguf_file(args.target, args.gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, args.gguf_type)
+    gguf_type = args.gguf_type or "f32"
+    target, draft = gguf_file(args.target, gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, gguf_type)
     result = run_llamacpp_peer_bench(target, draft, texts, ks, args.max_new_tokens, args.repeats, temperature, args.seed, args.threads,
                                      args.llama_cpp_bin, confidence_threshold=args.confidence_threshold)
     versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
@@ -1150,8 +1152,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         if bad or not modes:
             return _fail(f"--modes takes plain, auto and draft lengths, got {args.modes!r}")
         common = ["--max-batch", str(args.max_batch), "--k-max", str(args.k_max), "--dtype", args.dtype, "--backend", args.backend,
-                  "--gguf-type", args.gguf_type, "--device", args.device, "--model-name", "bench"]
-        for flag in ("target", "max_model_len", "threads"):
+                  "--device", args.device, "--model-name", "bench"]
+        for flag in ("target", "max_model_len", "threads", "gguf_type"):
             if getattr(args, flag) is not None:
                 common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         servers = {}
@@ -1211,9 +1213,36 @@ def _flag_names(message: str) -> str:
     return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
 
 
+def _contradiction(args: argparse.Namespace) -> str | None:
+    """Flags that contradict each other, in words; None when none do."""
+    if args.command == "generate" and args.no_speculation and args.k not in (None, 0):
+        return f"--no-speculation decodes without a draft, so --k {args.k} contradicts it (leave --k out)"
+    if args.command == "generate" and isinstance(args.k, int) and args.k_max is not None and args.k > args.k_max:
+        return f"--k {args.k} is above --k-max {args.k_max}: --k-max bounds --k auto's choice (give --k auto, or leave --k-max out)"
+    if getattr(args, "gguf_type", None) is not None and args.target is not None and is_gguf(args.target):
+        drafts = args.draft if isinstance(args.draft, list) else [args.draft]
+        if not any(_converted(d) for d in drafts):
+            return (f"--gguf-type {args.gguf_type}: the target {args.target} is a GGUF file, whose type is its own "
+                    "(--gguf-type is the type a Hugging Face directory is converted to)")
+    return None
+
+
+def _converted(draft: str | None) -> bool:
+    """Whether a --draft value names a model directory, which llama.cpp runs converted to --gguf-type."""
+    return draft is not None and not is_gguf(draft) and draft not in ("none", "ngram") and not draft.startswith("early-exit:")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line."""
-    return _parser().parse_args(argv)
+    """The command line; flags that contradict each other are one line and exit 2, as a bad value."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    problem = _contradiction(args)
+    if problem is not None:
+        parser.error(problem)
+    if args.command == "generate":
+        args.k = "auto" if args.k is None else args.k
+        args.k_max = 8 if args.k_max is None else args.k_max
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
