@@ -1203,6 +1203,7 @@ _COMMANDS = {
 _FLAGS = {"top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
           "k_max": "--k-max", "ks": "--k", "repeats": "--repeats", "batch_size": "--batch-size", "context_length": "--context",
           "confidence_threshold": "--confidence-threshold"}
+_WORDS = {"k": "--k", "temperature": "--temperature"}  # common words too: rewritten only as the subject of "... must be"
 
 
 class _FileError(ValueError):
@@ -1210,6 +1211,7 @@ class _FileError(ValueError):
 
 
 def _flag_names(message: str) -> str:
+    message = re.sub(r"(?:^|(?<=: ))(" + "|".join(_WORDS) + r")(?= must )", lambda m: _WORDS[m.group(1)], message)
     return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
 
 
