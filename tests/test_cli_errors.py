@@ -91,6 +91,7 @@ CASES = [
     ([*B, "--json", "/nonexistent/dir/b.json"], "--json", None),
     ([*B, "--csv", "{outdir}"], "--csv", None),
     ([*B, "--plot-dir", "{plain}"], "--plot-dir", None),
+    ([*B, "--plot-dir", "{plain}/plots"], "plain.txt is a file, not a directory", None),
     ([*B, "--max-prompts", "0"], "--max-prompts", None),
     ([*B, "--repeats", "0"], "--repeats", None),
     (["bench", "--prompts", "{number}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
@@ -99,6 +100,7 @@ CASES = [
     # plan, profile
     (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--k-max", "0"], "--k-max", None),
     (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
+    (["plan", "--json", "/nonexistent/dir/p.json", "--prompts", "{good}", *T, "--draft", "{draft}"], "--json /nonexistent/dir/p.json: no directory", None),
     (["profile", *T, "--context", "100000"], "context of 2048 positions", None),
     (["profile", *T, "--k-max", "0"], "--k-max", None),
     (["profile", *T, "--repeats", "0"], "--repeats", None),
@@ -111,6 +113,10 @@ CASES = [
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "3"], "invalid choice", None),
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"], "--group-size", None),
     (["quantize", "--model", "{target}", "--out", "{plain}"], "a file, not a directory", None),
+    (["quantize", "--model", "{target}", "--out", "{plain}/q"], "plain.txt is a file, not a directory", None),
+    (["train", "target", "--preset", "tiny", "--out", "{plain}/run"], "--out {plain}/run: ", None),
+    (["train", "data", "--data", "{plain}/data"], "--data {plain}/data: ", None),
+    (["toy", "{plain}/toy"], "OUT {plain}/toy: ", None),
     (["train", "target", "--preset", "huge"], "--preset", None),
     (["train", "draft"], "--teacher", None),
     (["frobnicate"], "invalid choice", None),
@@ -150,8 +156,30 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(files, tmp_path, monke
     captured = capsys.readouterr()
     assert code == 2, captured
     assert captured.err.count("\n") == 1 and captured.err.startswith("verispec: error:"), captured.err
-    assert message in captured.err and "Traceback" not in captured.err
+    assert message.format(**files) in captured.err and "Traceback" not in captured.err
     assert _snapshot(files["root"], tmp_path) == before
+
+
+READ_ONLY = [(["generate", "hi", *T, "--json", "{ro}/g.json"], "--json"), (["plan", "--prompts", "{good}", *T, "--json", "{ro}/p.json"], "--json"),
+             ([*B, "--csv", "{ro}/b.csv"], "--csv"), (["check", *T, "--draft", "{draft}", "--json", "{ro}/c.json"], "--json"),
+             (["convert", "--model", "{target}", "--out", "{ro}/m.gguf"], "--out"), (["quantize", "--model", "{target}", "--out", "{ro}/q"], "--out"),
+             (["train", "target", "--preset", "tiny", "--out", "{ro}/run"], "--out"), (["toy", "{ro}/toy"], "OUT")]
+
+
+@pytest.mark.parametrize("argv, flag", READ_ONLY, ids=[case[0][0] for case in READ_ONLY])
+def test_an_output_in_a_read_only_place_fails_before_any_work(files, tmp_path, monkeypatch, capsys, argv, flag):
+    """A directory this process may not write (os.access says no: root may write anywhere but on
+    a read-only mount, so the test plays one): one line naming the flag, before anything loads."""
+    import os
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not Path(path).is_relative_to(read_only) and access(path, mode, **kw))
+    monkeypatch.chdir(tmp_path)
+    assert main([a.format(**files, ro=read_only) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {read_only}/" in err and err.rstrip().endswith("not writable"), err
 
 
 def test_version(capsys):

@@ -72,8 +72,7 @@ def _check_reports(args: argparse.Namespace) -> None:
             _check_writable(path, flag)
     plot_dir = getattr(args, "plot_dir", None)
     if plot_dir is not None:
-        if Path(plot_dir).exists() and not Path(plot_dir).is_dir():
-            raise ValueError(f"--plot-dir {plot_dir}: not a directory")
+        _check_directory(plot_dir, "--plot-dir")
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot-dir needs matplotlib (pip install matplotlib)")
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
@@ -619,6 +618,19 @@ def _check_writable(path: str, flag: str) -> None:
         raise ValueError(f"{flag} {path}: not writable")
 
 
+def _check_directory(path: str, flag: str) -> None:
+    """A one-line error now, not after the work, when the output directory `path` cannot be made
+    (its missing parents are made) or written."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {path}: a file, not a directory")
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
 def _progress(command: str):
     """A progress line per phase on stderr, when stderr is a terminal (long runs say what they do)."""
     def say(message: str) -> None:
@@ -645,6 +657,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.json:
+        _check_writable(args.json, "--json")
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
@@ -708,8 +722,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if args.bits == 4 and args.group_size not in GROUP_SIZES:
         return _fail(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {args.group_size}")
-    if Path(args.out).is_file():
-        return _fail(f"--out {args.out}: a file, not a directory")
+    _check_directory(args.out, "--out")
     model = load_pretrained(args.model)
     before = weight_bytes(model)
     calibration = None
@@ -974,6 +987,7 @@ def _train(args: argparse.Namespace) -> int:
     from . import train
 
     out = args.out or f"runs/{args.what}"
+    _check_directory(args.out or (args.data if args.what == "data" else out), "--data" if args.what == "data" and not args.out else "--out")
     if args.what == "data":
         print(f"wrote {train.prepare_data(args.out or args.data, args.vocab_size)}")
         return 0
@@ -1028,6 +1042,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _toy(args: argparse.Namespace) -> int:
     from .models.toy import make_toy_pair
 
+    _check_directory(args.out, "OUT")
     target, draft = make_toy_pair(args.out, seed=args.seed, sizes=args.sizes)
     print(f"wrote {target} and {draft} (random weights)")
     return 0
