@@ -119,6 +119,8 @@ CASES = [
     (["toy", "{plain}/toy"], "OUT {plain}/toy: ", None),
     (["train", "target", "--preset", "huge"], "--preset", None),
     (["train", "draft"], "--teacher", None),
+    (["perplexity", "--model", "{target}"], "--data runs/data: no held-out split", None),
+    (["perplexity", "--model", "{target}", "--data", "{root}"], "no held-out split (heldout.bin)", None),
     (["frobnicate"], "invalid choice", None),
     # bench-serve: checked before any server starts
     (["bench-serve", *T, "--concurrency", "0,2"], "--concurrency", None),

@@ -320,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ppl = commands.add_parser("perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)")
     ppl.add_argument("--model", required=True, action="append", help="model directory (repeatable)")
-    ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split)")
+    ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)")
     ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
     from .models.gguf_convert import TYPES as GGUF_CONVERT_TYPES  # cheap: gguf itself is imported inside convert()
@@ -530,7 +530,7 @@ def _show(text: str, shown: str, done: bool, stops: list[str]) -> str:
     """Write what of text can be shown now past what was (`shown`); what is shown now."""
     text = text[: safe_prefix(text, stops, done)]
     if text != shown:
-        sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
+        sys.stdout.write(text.removeprefix(shown))
         sys.stdout.flush()
     return text
 
@@ -975,6 +975,8 @@ def _perplexity(args: argparse.Namespace) -> int:
 
     if args.windows < 1:
         return _fail(f"--windows must be >= 1, got {args.windows}")
+    if not (Path(args.data) / "heldout.bin").is_file():
+        return _fail(f"--data {args.data}: no held-out split (heldout.bin) there; 'verispec train data --out DIR' makes one")
     print(f"{'model':>40} {'loss (nats/token)':>18} {'perplexity':>10}")
     for name in args.model:
         loss = held_out_loss(load_model(name), args.data, max_windows=args.windows)
