@@ -213,3 +213,12 @@ def test_flags_that_fit_together_parse(argv):
     fixed k needs no --k-max, and --gguf-type converts a directory given beside a GGUF target."""
     args = parse_args(["generate", "hi", *argv])
     assert args.k_max == int(argv[argv.index("--k-max") + 1]) if "--k-max" in argv else args.k_max == 8
+
+
+def test_generate_help_says_what_target_draft_and_stop_take(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert "--target TARGET target model: a directory of Hugging Face-style weights or a .gguf file" in text
+    assert "or 'none' (no speculation)" in text and "\\n \\t \\r" in text and "(one prompt streams its text)" in text

@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
                           "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' ends at a blank line")
-    gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
+    gen.add_argument("--target", help="target model: a directory of Hugging Face-style weights or a .gguf file; default: the built-in pair's target")
     gen.add_argument("--draft", help="draft model directory or GGUF file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L layers) "
                      "or 'none' (no speculation); default: the built-in draft with the built-in target, else none")
     gen.add_argument("--k", type=_draft_length, default=None, help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
