@@ -137,3 +137,88 @@ def test_stdin_stop_strings_and_json(pair, tmp_path, monkeypatch, capsys):
     cut = json.loads((tmp_path / "cut.json").read_text())["results"][0]
     assert cut["text"] == full[: full.index(stop)] and cut["finish_reason"] == "stop" and cut["prompt"] == "def f(x):"
     capsys.readouterr()
+
+
+def test_stop_values_read_the_usual_escapes_and_keep_other_text():
+    from verispec.cli import _unescape
+
+    assert _unescape(r"\n\n") == "\n\n" and _unescape(r"\t|\r") == "\t|\r" and _unescape(r"\\n") == "\\n"
+    assert _unescape(r"\"q\'") == "\"q'" and _unescape(r"caf\u00e9") == "café" and _unescape("café\\n") == "café\n"
+    assert _unescape(r"\ud83d\ude00") == "😀" and _unescape(r"\d") == r"\d" and _unescape("a\\") == "a\\"
+
+
+def _continuations(target, texts: list[str], common: list[str], tmp_path) -> dict:
+    import json
+
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    assert main(["generate", "--prompts", str(tmp_path / "in.jsonl"), "--json", str(tmp_path / "out.json"), *common]) == 0
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def test_a_row_that_reaches_its_stop_string_stops_decoding_and_its_token_ids_end_there(pair, tmp_path, capsys):
+    """Two rows, greedy: a stop string (written with \\u escapes) found in row 0's text only. Row
+    0 keeps the fewest tokens whose text holds it and stops decoding; row 1 runs to its budget."""
+    from verispec.models.checkpoint import load_tokenizer
+
+    target, draft = pair
+    common = ["--target", str(target), "--draft", str(draft), "--k", "2", "--max-new-tokens", "40", "--ignore-eos", "--backend", "torch"]
+    texts = ["def f(x):", "import os"]
+    full = _continuations(target, texts, common, tmp_path)
+    first, second = (r["text"] for r in full["results"])
+    stop = next(first[i : i + 2] for i in range(3, len(first) - 1) if first[i : i + 2] not in second and "\\" not in first[i : i + 2])
+    escaped = "".join(f"\\u{ord(c):04x}" for c in stop)
+    cut = _continuations(target, texts, [*common, "--stop", escaped], tmp_path)
+    row, other = cut["results"]
+    decode = load_tokenizer(target).decode
+    assert row["text"] == first[: first.index(stop)] and row["finish_reason"] == "stop"
+    assert stop in decode(row["token_ids"]) and stop not in decode(row["token_ids"][:-1])
+    assert other == full["results"][1] and len(other["token_ids"]) == 40
+    assert cut["stats"]["generated_tokens"] == sum(len(r["token_ids"]) for r in cut["results"])
+    assert cut["stats"]["target_passes"] < full["stats"]["target_passes"]  # row 0 took no passes past its stop
+    capsys.readouterr()
+
+
+def test_json_with_one_prompt_streams_the_text_as_without_it(pair, tmp_path, capsys):
+    """--json OUT adds a file; standard output is the same (a multi-character stop string that
+    arrives over several passes is never half shown)."""
+    import json
+
+    target, draft = pair
+    common = ["generate", "def f(x):", "--target", str(target), "--draft", str(draft), "--k", "2", "--max-new-tokens", "30",
+              "--ignore-eos", "--backend", "torch"]
+    assert main([*common, "--json", str(tmp_path / "full.json")]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())["results"][0]["text"]
+    assert capsys.readouterr().out.startswith("def f(x):" + full + "\n")
+    stop = full[6:10]
+    assert main([*common, "--stop", stop.replace("\\", "\\\\"), "--json", str(tmp_path / "cut.json")]) == 0
+    out = capsys.readouterr().out
+    assert json.loads((tmp_path / "cut.json").read_text())["results"][0]["text"] == full[: full.index(stop)]
+    assert out.startswith("def f(x):" + full[: full.index(stop)] + "\n")
+    assert main([*common, "--stop", stop.replace("\\", "\\\\")]) == 0
+    assert capsys.readouterr().out.splitlines()[:-1] == out.splitlines()[:-2]  # without --json: the same, less "wrote OUT"
+
+
+@pytest.mark.parametrize("target", ["toy", "built-in"])
+def test_draft_none_means_no_draft_as_in_serve(pair, capsys, target):
+    where = ["--target", str(pair[0])] if target == "toy" else []
+    assert main(["generate", "def f(x):", *where, "--draft", "none", "--max-new-tokens", "4", "--ignore-eos",
+                 "--backend", "torch"]) == 0
+    assert "no speculation, 4 target passes" in capsys.readouterr().out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["--no-speculation", "--k", "0"], ["--k", "4", "--k-max", "8"], ["--k", "12"], ["--gguf-type", "q8_0"],
+                                  ["--target", "m.gguf", "--draft", "hf/draft", "--gguf-type", "q8_0"]])
+def test_flags_that_fit_together_parse(argv):
+    """The contradictions refused (tests/test_cli_errors.py) are only those: --k 0 is plain decoding, a
+    fixed k needs no --k-max, and --gguf-type converts a directory given beside a GGUF target."""
+    args = parse_args(["generate", "hi", *argv])
+    assert args.k_max == int(argv[argv.index("--k-max") + 1]) if "--k-max" in argv else args.k_max == 8
+
+
+def test_generate_help_says_what_target_draft_and_stop_take(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert "--target TARGET target model: a directory of Hugging Face-style weights or a .gguf file" in text
+    assert "or 'none' (no speculation)" in text and "\\n \\t \\r" in text and "(one prompt streams its text)" in text

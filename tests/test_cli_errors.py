@@ -26,6 +26,7 @@ def files(tmp_path_factory):
     (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     (root / "empty.jsonl").write_text("\n")
     (root / "bad_row.jsonl").write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "top_p": 2}) + "\n")
+    (root / "typo.jsonl").write_text(json.dumps({"prompt": "a", "temprature": 0.5}) + "\n")
     (root / "good.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
     (root / "plain.txt").write_text("not a model\n")
     (root / "outdir").mkdir()
@@ -44,11 +45,11 @@ CASES = [
     ([*G, "--top-p", "1.5"], "--top-p", None),
     ([*G, "--top-k", "-3"], "--top-k", None),
     ([*G, "--min-p", "2"], "--min-p", None),
-    ([*G, "--temperature", "-1"], "temperature", None),
+    ([*G, "--temperature", "-1"], "--temperature must be a finite number >= 0", None),
     ([*G, "--temperature", "warm"], "--temperature", None),
     ([*G, "--max-new-tokens", "0"], "--max-new-tokens", None),
     ([*G, "--max-new-tokens", "100000"], "context of 2048 positions", None),
-    ([*G, "--draft", "{draft}", "--k", "-2"], "k must be", None),
+    ([*G, "--draft", "{draft}", "--k", "-2"], "--k must be an integer in [0, 64]", None),
     ([*G, "--k", "x"], "--k", None),
     ([*G, "--draft", "{draft}", "--k", "auto", "--k-max", "0"], "--k-max", None),
     ([*G, "--dtype", "int3"], "dtype", None),
@@ -59,9 +60,15 @@ CASES = [
     ([*G, "--device", "cuda"], "no CUDA device", None),
     ([*G, "--confidence-threshold", "1.5"], "--confidence-threshold", None),
     ([*G, "--stop", ""], "--stop", None),
+    ([*G, "--stop", "\\u12"], "--stop \\u12: \\u needs four hex digits", None),
     ([*G, "--draft", "/nonexistent/draft"], "no such file or directory", None),
     ([*G, "--draft", "early-exit:x"], "layer count", None),
     ([*G, "--draft", "early-exit:9"], "early exit takes 1 to 3", None),
+    # generate: flags that contradict each other
+    ([*G, "--no-speculation", "--k", "4"], "--no-speculation decodes without a draft, so --k 4 contradicts it", None),
+    ([*G, "--draft", "{draft}", "--k", "4", "--k-max", "2"], "--k 4 is above --k-max 2", None),
+    (["generate", "hi", "--target", "{root}/model.gguf", "--gguf-type", "q8_0"], "--gguf-type q8_0: the target", None),
+    (["profile", "--target", "{root}/model.gguf", "--draft", "{root}/d.gguf", "--gguf-type", "q8_0"], "is a GGUF file, whose type is its own", None),
     # generate: prompts
     (["generate", *T], "no prompt", None),
     (["generate", "hi", "--prompt", "ho", *T], "give one of PROMPT, --prompt and --prompts", None),
@@ -70,6 +77,7 @@ CASES = [
     (["generate", "--prompts", "{latin1}", *T], "not UTF-8", None),
     (["generate", "--prompts", "{empty}", *T], "no prompts", None),
     (["generate", "--prompts", "{bad_row}", *T], "bad_row.jsonl:2: top_p must be in (0, 1]", None),
+    (["generate", "--prompts", "{typo}", *T], 'typo.jsonl:1: unknown key "temprature"', None),
     (["generate", "--prompts", "/nonexistent/prompts.jsonl", *T], "No such file", None),
     (["generate", "caf\udce9", *T], "not valid UTF-8", None),  # undecodable argv bytes arrive as lone surrogates
     (["generate", "-", *T], "standard input is not UTF-8", b"caf\xe9"),
@@ -83,6 +91,7 @@ CASES = [
     ([*B, "--json", "/nonexistent/dir/b.json"], "--json", None),
     ([*B, "--csv", "{outdir}"], "--csv", None),
     ([*B, "--plot-dir", "{plain}"], "--plot-dir", None),
+    ([*B, "--plot-dir", "{plain}/plots"], "plain.txt is a file, not a directory", None),
     ([*B, "--max-prompts", "0"], "--max-prompts", None),
     ([*B, "--repeats", "0"], "--repeats", None),
     (["bench", "--prompts", "{number}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
@@ -91,9 +100,12 @@ CASES = [
     # plan, profile
     (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--k-max", "0"], "--k-max", None),
     (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
+    (["plan", "--json", "/nonexistent/dir/p.json", "--prompts", "{good}", *T, "--draft", "{draft}"], "--json /nonexistent/dir/p.json: no directory", None),
     (["profile", *T, "--context", "100000"], "context of 2048 positions", None),
     (["profile", *T, "--k-max", "0"], "--k-max", None),
     (["profile", *T, "--repeats", "0"], "--repeats", None),
+    (["profile", *T, "--draft", "ngram"], "--draft ngram: profile times a draft model's passes", None),
+    (["profile", *T, "--draft", "early-exit:2"], "--draft early-exit:2: profile times a draft model's passes", None),
     # convert, quantize, train, the command itself
     (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),
     (["convert", "--model", "{target}", "--out", "/nonexistent/dir/x.gguf"], "--out", None),
@@ -101,8 +113,14 @@ CASES = [
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "3"], "invalid choice", None),
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"], "--group-size", None),
     (["quantize", "--model", "{target}", "--out", "{plain}"], "a file, not a directory", None),
+    (["quantize", "--model", "{target}", "--out", "{plain}/q"], "plain.txt is a file, not a directory", None),
+    (["train", "target", "--preset", "tiny", "--out", "{plain}/run"], "--out {plain}/run: ", None),
+    (["train", "data", "--data", "{plain}/data"], "--data {plain}/data: ", None),
+    (["toy", "{plain}/toy"], "OUT {plain}/toy: ", None),
     (["train", "target", "--preset", "huge"], "--preset", None),
     (["train", "draft"], "--teacher", None),
+    (["perplexity", "--model", "{target}"], "--data runs/data: no held-out split", None),
+    (["perplexity", "--model", "{target}", "--data", "{root}"], "no held-out split (heldout.bin)", None),
     (["frobnicate"], "invalid choice", None),
     # bench-serve: checked before any server starts
     (["bench-serve", *T, "--concurrency", "0,2"], "--concurrency", None),
@@ -140,8 +158,30 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(files, tmp_path, monke
     captured = capsys.readouterr()
     assert code == 2, captured
     assert captured.err.count("\n") == 1 and captured.err.startswith("verispec: error:"), captured.err
-    assert message in captured.err and "Traceback" not in captured.err
+    assert message.format(**files) in captured.err and "Traceback" not in captured.err
     assert _snapshot(files["root"], tmp_path) == before
+
+
+READ_ONLY = [(["generate", "hi", *T, "--json", "{ro}/g.json"], "--json"), (["plan", "--prompts", "{good}", *T, "--json", "{ro}/p.json"], "--json"),
+             ([*B, "--csv", "{ro}/b.csv"], "--csv"), (["check", *T, "--draft", "{draft}", "--json", "{ro}/c.json"], "--json"),
+             (["convert", "--model", "{target}", "--out", "{ro}/m.gguf"], "--out"), (["quantize", "--model", "{target}", "--out", "{ro}/q"], "--out"),
+             (["train", "target", "--preset", "tiny", "--out", "{ro}/run"], "--out"), (["toy", "{ro}/toy"], "OUT")]
+
+
+@pytest.mark.parametrize("argv, flag", READ_ONLY, ids=[case[0][0] for case in READ_ONLY])
+def test_an_output_in_a_read_only_place_fails_before_any_work(files, tmp_path, monkeypatch, capsys, argv, flag):
+    """A directory this process may not write (os.access says no: root may write anywhere but on
+    a read-only mount, so the test plays one): one line naming the flag, before anything loads."""
+    import os
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not Path(path).is_relative_to(read_only) and access(path, mode, **kw))
+    monkeypatch.chdir(tmp_path)
+    assert main([a.format(**files, ro=read_only) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {read_only}/" in err and err.rstrip().endswith("not writable"), err
 
 
 def test_version(capsys):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,11 +21,12 @@ from . import __version__
 from .config import SamplingParams
 from .control import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
-from .engine import generate
+from .engine import Batch
 from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
 from .models.checkpoint import CheckpointError, load_pretrained, load_tokenizer, parse_dtype
 from .models.hf import load_model
 from .models.vocab import check_same_tokenizer, match_vocab_size
+from .server.protocol import find_stop, safe_prefix
 from .stats import SpecStats
 
 
@@ -69,8 +72,7 @@ def _check_reports(args: argparse.Namespace) -> None:
             _check_writable(path, flag)
     plot_dir = getattr(args, "plot_dir", None)
     if plot_dir is not None:
-        if Path(plot_dir).exists() and not Path(plot_dir).is_dir():
-            raise ValueError(f"--plot-dir {plot_dir}: not a directory")
+        _check_directory(plot_dir, "--plot-dir")
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot-dir needs matplotlib (pip install matplotlib)")
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
@@ -148,8 +150,9 @@ def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
                              "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
-    parser.add_argument("--gguf-type", default="f32", choices=GGUF_TYPES,
-                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32)")
+    parser.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32; "
+                             "refused when no model given is a directory: a GGUF file's type is its own)")
     parser.add_argument("--threads", type=_positive, default=None,
                         help="llama.cpp threads (default: every core this process may use; more than that is capped to it)")
     parser.add_argument("--exact-kernels", choices=["on", "off"], default="on",
@@ -168,17 +171,21 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
     gen.add_argument("--prompts", metavar="FILE", help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
-                     'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens"')
-    gen.add_argument("--json", metavar="OUT", help="write the prompts, completions (text and token ids), finish reasons and statistics here")
-    gen.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a completion before this text (repeatable)")
-    gen.add_argument("--target", help="target model directory (Hugging Face format); default: the built-in pair's target")
-    gen.add_argument("--draft", help="draft model directory, 'ngram' (prompt lookup) or 'early-exit:L' (the target's first L layers); default: the built-in draft with the built-in target, else no speculation")
-    gen.add_argument("--k", type=_draft_length, default="auto", help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
-    gen.add_argument("--k-max", type=int, default=8, help="with --k auto: the longest draft considered (default 8)")
+                     'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens" (any other key is refused)')
+    gen.add_argument("--json", metavar="OUT", help="also write the prompts, completions (text and token ids), finish reasons and statistics "
+                     "to the file OUT; what is printed is the same with or without it (one prompt streams its text)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
+                          "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' ends at a blank line")
+    gen.add_argument("--target", help="target model: a directory of Hugging Face-style weights or a .gguf file; default: the built-in pair's target")
+    gen.add_argument("--draft", help="draft model directory or GGUF file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L layers) "
+                     "or 'none' (no speculation); default: the built-in draft with the built-in target, else none")
+    gen.add_argument("--k", type=_draft_length, default=None, help="draft length: tokens proposed per target pass, or 'auto' (default: chosen from a cost profile and the acceptance seen)")
+    gen.add_argument("--k-max", type=int, default=None, help="with --k auto: the longest draft considered (default 8; a fixed --k above it is refused)")
     _add_sampling_arguments(gen, temperature=0.0)
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
     gen.add_argument("--seed", type=_seed, default=None, help="random seed of the sampling (default: fresh entropy)")
-    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target")
+    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target (no --k with it)")
     gen.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
     _add_confidence_argument(gen)
@@ -307,7 +314,8 @@ def _parser() -> argparse.ArgumentParser:
 
     prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c")
     prof.add_argument("--target", help="target model directory or GGUF file, or a preset name of verispec.train (random weights); default: the built-in pair")
-    prof.add_argument("--draft", help="draft model directory or preset name")
+    prof.add_argument("--draft", help="draft model directory, GGUF file or preset name: profile times a model's passes "
+                      "(not 'ngram' or 'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target")
     prof.add_argument("--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)")
     prof.add_argument("--batch-size", type=int, default=1, help="rows per pass (default 1)")
     prof.add_argument("--context", type=int, default=128, help="positions already in the cache when timing (default 128)")
@@ -328,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ppl = commands.add_parser("perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)")
     ppl.add_argument("--model", required=True, action="append", help="model directory (repeatable)")
-    ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split)")
+    ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)")
     ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
     from .models.gguf_convert import TYPES as GGUF_CONVERT_TYPES  # cheap: gguf itself is imported inside convert()
@@ -352,7 +360,7 @@ def _load(path: str, args: argparse.Namespace, dtype):
     device = _device(args)
     if device.type != "cpu" and is_gguf(path):
         raise ValueError(f"{path}: a GGUF file runs on llama.cpp, on the CPU here, not on --device {args.device}")
-    model, note = load(path, args.backend, dtype, args.gguf_type, device=device, n_threads=_threads(args))
+    model, note = load(path, args.backend, dtype, args.gguf_type or "f32", device=device, n_threads=_threads(args))
     if note:
         print(f"verispec: {note}", file=sys.stderr)
     if not isinstance(model, torch.nn.Module) and getattr(args, "peer", None) != "hf":
@@ -490,10 +498,93 @@ def _prompt_texts(args: argparse.Namespace, settings: list[dict] | None = None) 
     return texts
 
 
-def _stop_at(text: str, stops: list[str]) -> int | None:
-    """Where text must end: before the earliest stop string in it, or None."""
-    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return min(found) if found else None
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _unescape(text: str) -> str:
+    """A --stop value with the escapes of C and JSON read, as a shell passes them literally:
+    \\n \\t \\r \\\\ \\" \\' and \\uXXXX (a surrogate pair is one character); any other
+    backslash stays. Other characters are kept as they are (no codec: non-ASCII text survives)."""
+    def one(match: re.Match) -> str:
+        code = match.group(1)
+        if code[0] != "u":
+            return _ESCAPES.get(code, match.group(0))
+        if len(code) != 5:
+            raise ValueError(f"--stop {text}: \\u needs four hex digits")
+        return chr(int(code[1:], 16))
+
+    value = re.sub(r"\\(u[0-9a-fA-F]{0,4}|.)", one, text, flags=re.DOTALL)
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeError:
+        raise ValueError(f"--stop {text}: not valid UTF-8 text (half a surrogate pair)") from None
+
+
+def _stop_strings(values: list[str]) -> list[str]:
+    """The --stop values, escapes read; an empty one is refused."""
+    stops = [_unescape(value) for value in values]
+    if any(stop == "" for stop in stops):
+        raise ValueError("--stop needs a non-empty string")
+    return stops
+
+
+def _kept(ids: list[int], before: int, stops: list[str], decode) -> int | None:
+    """When the text of ids holds a stop string: the fewest of them (more than `before`, whose
+    text held none) that hold it; else None."""
+    if not stops or find_stop(decode(ids), stops) is None:
+        return None
+    return next(m for m in range(before + 1, len(ids) + 1) if find_stop(decode(ids[:m]), stops) is not None)
+
+
+def _row_text(ids: list[int], stops: list[str], decode) -> str:
+    """A row's text, ended before its first stop string."""
+    text = decode(ids)
+    at = find_stop(text, stops) if stops else None
+    return text if at is None else text[:at]
+
+
+def _request_stats(batch: Batch, row: int):
+    """The RequestStats of a row of `generate`'s batch, running or just finished."""
+    return dict(batch.finished).get(row) or batch.requests[batch.ids.index(row)]
+
+
+def _decode_rows(batch: Batch, decode, stops: list[str], stream: bool) -> list[list[int]]:
+    """Run a batch to its end; each row's tokens. A row whose text reaches a stop string keeps the
+    fewest tokens that hold it, stops decoding (finish reason 'stop', its tokens counted to
+    there) and leaves; the other rows go on. With `stream`, row 0's text is written to standard
+    output as it comes (a tail that may begin a stop string, or an unfinished UTF-8 character,
+    is held back until it is known)."""
+    generated: list[list[int]] = [[] for _ in range(len(batch))]
+    shown = ""
+    try:
+        while any(batch.active):
+            chunk = batch.step()
+            stopped = []
+            for row, tokens in chunk.items():
+                before = len(generated[row])
+                generated[row] += tokens
+                kept = _kept(generated[row], before, stops, decode) if tokens else None
+                if kept is not None:
+                    request = _request_stats(batch, row)
+                    request.generated_tokens -= len(generated[row]) - kept
+                    request.finish_reason = "stop"
+                    del generated[row][kept:]
+                    stopped.append(row)
+            batch.cancel(stopped, "stop")
+            if stream:
+                shown = _show(_row_text(generated[0], stops, decode), shown, not any(batch.active), stops)
+    finally:
+        batch.close()
+    return generated
+
+
+def _show(text: str, shown: str, done: bool, stops: list[str]) -> str:
+    """Write what of text can be shown now past what was (`shown`); what is shown now."""
+    text = text[: safe_prefix(text, stops, done)]
+    if text != shown:
+        sys.stdout.write(text.removeprefix(shown))
+        sys.stdout.flush()
+    return text
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -501,14 +592,14 @@ def _generate(args: argparse.Namespace) -> int:
 
     row_settings: list[dict] = []
     texts = _prompt_texts(args, row_settings)
+    stops = _stop_strings(args.stop)
     if args.json is not None:
         _check_writable(args.json, "--json")
-    if any(stop == "" for stop in args.stop):
-        return _fail("--stop needs a non-empty string")
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
-    drafter = None if args.draft is None or args.no_speculation else _drafter(args.draft, dtype, target, args.target, args)
+    no_draft = args.draft in (None, "none") or args.no_speculation  # 'none' as in serve: the built-in target alone too
+    drafter = None if no_draft else _drafter(args.draft, dtype, target, args.target, args)
     eos = target.config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)  # transformers configs may list several
     params = SamplingParams(
@@ -548,39 +639,16 @@ def _generate(args: argparse.Namespace) -> int:
         k = AdaptiveLength(k_max=args.k_max, prior_c=profile.c or 0.0, prior_r=profile.r, prior_batch=len(prompt_ids))
         plain_step_s = profile.target_s[0]
     stats = SpecStats()
-    generated: list[list[int]] = [[] for _ in texts]
-    ends: list[int | None] = [None] * len(texts)  # where a stop string cut a row's text
-    stream = len(texts) == 1 and args.json is None
-    shown = ""
+    stream = len(texts) == 1
     if stream:
         sys.stdout.write(texts[0])
-    steps = generate(target, prompt_ids, params, drafter, k=k, stats=stats)
-    for chunk in steps:
-        for row, tokens in enumerate(chunk):
-            if tokens and ends[row] is None:
-                generated[row].extend(tokens)
-                if args.stop:
-                    ends[row] = _stop_at(tokenizer.decode(generated[row], skip_special_tokens=True), args.stop)
-        if stream:
-            text = tokenizer.decode(generated[0], skip_special_tokens=True)
-            text = text if ends[0] is None else text[: ends[0]]
-            if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
-                sys.stdout.write(text[len(shown):] if text.startswith(shown) else text)
-                sys.stdout.flush()
-                shown = text
-        if args.stop and all(end is not None for end in ends):
-            break  # every row reached a stop string
-    steps.close()  # its statistics are complete once it is closed
-    results = []
-    for row, (prompt, ids) in enumerate(zip(texts, generated)):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        request = stats.requests[row] if row < len(stats.requests) else None
-        finish = "stop" if ends[row] is not None else (request.finish_reason if request else None)
-        results.append({"prompt": prompt, "text": text if ends[row] is None else text[: ends[row]], "token_ids": ids,
-                        "finish_reason": finish})
+    decode = partial(tokenizer.decode, skip_special_tokens=True)
+    generated = _decode_rows(Batch(target, prompt_ids, params, drafter, k, stats), decode, stops, stream)
+    results = [{"prompt": prompt, "text": _row_text(ids, stops, decode), "token_ids": ids, "finish_reason": request.finish_reason}
+               for prompt, ids, request in zip(texts, generated, stats.requests)]
     if stream:
         print()
-    elif args.json is None:
+    else:
         for result in results:
             print(result["prompt"] + result["text"])
             print()
@@ -599,6 +667,19 @@ def _check_writable(path: str, flag: str) -> None:
     if not target.parent.is_dir():
         raise ValueError(f"{flag} {path}: no directory {target.parent}")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
+def _check_directory(path: str, flag: str) -> None:
+    """A one-line error now, not after the work, when the output directory `path` cannot be made
+    (its missing parents are made) or written."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {path}: a file, not a directory")
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: not writable")
 
 
@@ -628,6 +709,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.json:
+        _check_writable(args.json, "--json")
     _default_pair(args)
     dtype = parse_dtype(args.dtype)
     target, tokenizer = _target(args, dtype)
@@ -691,8 +774,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if args.bits == 4 and args.group_size not in GROUP_SIZES:
         return _fail(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {args.group_size}")
-    if Path(args.out).is_file():
-        return _fail(f"--out {args.out}: a file, not a directory")
+    _check_directory(args.out, "--out")
     model = load_pretrained(args.model)
     before = weight_bytes(model)
     calibration = None
@@ -714,7 +796,12 @@ def _profile(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")):
+        return _fail(f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset name); "
+                     "for prompt lookup or early exit, plan measures acceptance and cost")
     _default_pair(args)
+    if args.draft == "none":
+        args.draft = None
     if args.compare_quantized:  # verispec's own int8/int4 formats run on PyTorch
         if args.backend == "llamacpp":
             return _fail("--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
@@ -779,8 +866,9 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
 
 def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = None) -> list[str]:
     """The "prompt" strings of a JSON-lines file (the first `limit`). With `settings`, each
-    line's ROW_SETTINGS are checked (as SamplingParams checks them, named with the line) and
-    appended to it, one dict per prompt."""
+    line's ROW_SETTINGS are checked (as SamplingParams checks them, named with the line; a key
+    that is neither one nor "prompt" is refused, as the server refuses one) and appended to it,
+    one dict per prompt."""
     import json
 
     if limit is not None and limit < 1:
@@ -802,6 +890,10 @@ def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = No
             raise ValueError(f'{path}:{number}: expected a JSON object with a "prompt" string')
         prompts.append(prompt)
         if settings is not None:
+            unknown = sorted(set(record) - {"prompt", *ROW_SETTINGS})
+            if unknown:  # a misspelt setting would silently not apply
+                raise _FileError(f'{path}:{number}: unknown key "{unknown[0]}" (a line may set "prompt", '
+                                 + ", ".join(f'"{key}"' for key in ROW_SETTINGS) + ")")
             row = {key: record[key] for key in ROW_SETTINGS if key in record}
             try:
                 SamplingParams(**row)
@@ -857,7 +949,8 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     ks = _draft_lengths(args.k)
     temperature = _temperatures(args.temperature)[0]
     texts = _read_prompts(args.prompts, args.max_prompts)
-    target, draft = gguf_file(args.target, args.gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, args.gguf_type)
+    gguf_type = args.gguf_type or "f32"
+    target, draft = gguf_file(args.target, gguf_type), None if args.draft == "ngram" else gguf_file(args.draft, gguf_type)
     result = run_llamacpp_peer_bench(target, draft, texts, ks, args.max_new_tokens, args.repeats, temperature, args.seed, args.threads,
                                      args.llama_cpp_bin, confidence_threshold=args.confidence_threshold)
     versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
@@ -934,6 +1027,8 @@ def _perplexity(args: argparse.Namespace) -> int:
 
     if args.windows < 1:
         return _fail(f"--windows must be >= 1, got {args.windows}")
+    if not (Path(args.data) / "heldout.bin").is_file():
+        return _fail(f"--data {args.data}: no held-out split (heldout.bin) there; 'verispec train data --out DIR' makes one")
     print(f"{'model':>40} {'loss (nats/token)':>18} {'perplexity':>10}")
     for name in args.model:
         loss = held_out_loss(load_model(name), args.data, max_windows=args.windows)
@@ -946,6 +1041,7 @@ def _train(args: argparse.Namespace) -> int:
     from . import train
 
     out = args.out or f"runs/{args.what}"
+    _check_directory(args.out or (args.data if args.what == "data" else out), "--data" if args.what == "data" and not args.out else "--out")
     if args.what == "data":
         print(f"wrote {train.prepare_data(args.out or args.data, args.vocab_size)}")
         return 0
@@ -1000,6 +1096,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _toy(args: argparse.Namespace) -> int:
     from .models.toy import make_toy_pair
 
+    _check_directory(args.out, "OUT")
     target, draft = make_toy_pair(args.out, seed=args.seed, sizes=args.sizes)
     print(f"wrote {target} and {draft} (random weights)")
     return 0
@@ -1064,8 +1161,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_replicas(args: argparse.Namespace) -> int:
     """`serve --replicas N`: the flags and models are checked here (loaded once, then dropped),
     then N replicas load them again on Ray Serve (server/replicas.py) until SIGINT or SIGTERM."""
-    from functools import partial
-
     try:
         from ray import serve  # noqa: F401
 
@@ -1127,8 +1222,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         if bad or not modes:
             return _fail(f"--modes takes plain, auto and draft lengths, got {args.modes!r}")
         common = ["--max-batch", str(args.max_batch), "--k-max", str(args.k_max), "--dtype", args.dtype, "--backend", args.backend,
-                  "--gguf-type", args.gguf_type, "--device", args.device, "--model-name", "bench"]
-        for flag in ("target", "max_model_len", "threads"):
+                  "--device", args.device, "--model-name", "bench"]
+        for flag in ("target", "max_model_len", "threads", "gguf_type"):
             if getattr(args, flag) is not None:
                 common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         servers = {}
@@ -1178,6 +1273,7 @@ _COMMANDS = {
 _FLAGS = {"top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
           "k_max": "--k-max", "ks": "--k", "repeats": "--repeats", "batch_size": "--batch-size", "context_length": "--context",
           "confidence_threshold": "--confidence-threshold"}
+_WORDS = {"k": "--k", "temperature": "--temperature"}  # common words too: rewritten only as the subject of "... must be"
 
 
 class _FileError(ValueError):
@@ -1185,14 +1281,40 @@ class _FileError(ValueError):
 
 
 def _flag_names(message: str) -> str:
-    import re
-
+    message = re.sub(r"(?:^|(?<=: ))(" + "|".join(_WORDS) + r")(?= must )", lambda m: _WORDS[m.group(1)], message)
     return re.sub(r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])", lambda m: _FLAGS[m.group(1)], message)
 
 
+def _contradiction(args: argparse.Namespace) -> str | None:
+    """Flags that contradict each other, in words; None when none do."""
+    if args.command == "generate" and args.no_speculation and args.k not in (None, 0):
+        return f"--no-speculation decodes without a draft, so --k {args.k} contradicts it (leave --k out)"
+    if args.command == "generate" and isinstance(args.k, int) and args.k_max is not None and args.k > args.k_max:
+        return f"--k {args.k} is above --k-max {args.k_max}: --k-max bounds --k auto's choice (give --k auto, or leave --k-max out)"
+    if getattr(args, "gguf_type", None) is not None and args.target is not None and is_gguf(args.target):
+        drafts = args.draft if isinstance(args.draft, list) else [args.draft]
+        if not any(_converted(d) for d in drafts):
+            return (f"--gguf-type {args.gguf_type}: the target {args.target} is a GGUF file, whose type is its own "
+                    "(--gguf-type is the type a Hugging Face directory is converted to)")
+    return None
+
+
+def _converted(draft: str | None) -> bool:
+    """Whether a --draft value names a model directory, which llama.cpp runs converted to --gguf-type."""
+    return draft is not None and not is_gguf(draft) and draft not in ("none", "ngram") and not draft.startswith("early-exit:")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line."""
-    return _parser().parse_args(argv)
+    """The command line; flags that contradict each other are one line and exit 2, as a bad value."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    problem = _contradiction(args)
+    if problem is not None:
+        parser.error(problem)
+    if args.command == "generate":
+        args.k = "auto" if args.k is None else args.k
+        args.k_max = 8 if args.k_max is None else args.k_max
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
