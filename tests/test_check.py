@@ -89,8 +89,30 @@ def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
     assert len(report["tests"]) >= (6 if draft == "model" else 1) and all(t["passed"] for t in report["tests"])
     assert report["control"]["passed"] and report["control"]["planted_tv"] > 0
     assert report["invariant"] == {"rows": 16, "equal": 16, "near_ties": 0, "gaps": [], "passed": True}
-    assert report["greedy"] == {"rows": 4, "equal": 4, "passed": True}
+    assert report["greedy"] == {"rows": 4, "equal": 4, "near_ties": 0, "gaps": [], "passed": True}
+    assert report["deviation"]["largest"] >= 0 and report["deviation"]["contexts"] >= 1
     assert len({t["context"] for t in report["tests"]}) == 2
+
+
+def test_greedy_rows_that_differ_beyond_the_measured_deviation_fail(toy, tmp_path, monkeypatch):
+    """Greedy verification that commits the draft's token at the first rejection (a real bug):
+    rows differ from plain decoding by logit gaps the engine's deviation cannot explain; (c) fails."""
+    from verispec import engine
+
+    verify_greedy = rejection.verify_greedy
+
+    def wrong(draft_token_ids, target_ids):
+        output, accepted = verify_greedy(draft_token_ids, target_ids)
+        rows = torch.arange(output.shape[0])
+        rejected = accepted < draft_token_ids.shape[1]
+        output[rows[rejected], accepted[rejected]] = draft_token_ids[rows[rejected], accepted[rejected]]
+        return output, accepted
+
+    monkeypatch.setattr(rejection, "verify_greedy", wrong)
+    monkeypatch.setattr(engine, "verify_greedy", wrong, raising=False)
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--temperature", "0")
+    assert code == 1 and not report["greedy"]["passed"]
+    assert report["greedy"]["equal"] < report["greedy"]["rows"] and min(report["greedy"]["gaps"]) > 2 * report["deviation"]["largest"]
 
 
 def test_the_check_fails_when_the_rule_is_wrong(toy, tmp_path, capsys, monkeypatch):
@@ -110,4 +132,5 @@ def test_invariant_rows_that_differ_by_more_than_a_near_tie_fail(toy, tmp_path, 
                         draw(self, probs, positions + (positions.shape[1] > 1 and modes == ("invariant",)), modes))
     code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--sampling", "invariant")
     assert code == 1 and not report["invariant"]["passed"]
-    assert report["invariant"]["equal"] < 16 and min(report["invariant"]["gaps"]) > check_module.NEAR_TIE
+    movable = 4 * report["deviation"]["largest"] / report["settings"]["temperature"]
+    assert report["invariant"]["equal"] < 16 and min(report["invariant"]["gaps"]) > movable

@@ -150,7 +150,7 @@ def _add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on llama.cpp "
                              "(a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
-    parser.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+    parser.add_argument("--gguf-type", default=None, type=str.lower, choices=GGUF_TYPES, metavar="TYPE",
                         help="with llama.cpp: the type a Hugging Face directory is converted to (default f32; "
                              "refused when no model given is a directory: a GGUF file's type is its own)")
     parser.add_argument("--threads", type=_positive, default=None,
@@ -303,7 +303,8 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--prompts", help='JSON lines, one {"prompt": "..."} per line (default: the built-in held-out prompts)')
     chk.add_argument("--contexts", type=int, default=1, help="prompts whose continuations are the contexts of the distribution tests: the first where the draft proposes (default 1; each of the k positions is a context of its own)")
     chk.add_argument("--k", type=int, default=4, help="draft positions tested per context, and the draft length of (b) and (c) (default 4)")
-    chk.add_argument("--draws", type=int, default=200_000, help="verifications per position (default 200000, at least 1000)")
+    chk.add_argument("--draws", type=int, default=None, help="verifications per position (default 200000 at a vocabulary of 8192 "
+                     "or less, fewer for a larger one, at least 20000; at least 1000)")
     chk.add_argument("--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)")
     chk.add_argument("--max-new-tokens", type=int, default=16, help="tokens per row in the comparisons (default 16)")
     _add_sampling_arguments(chk, temperature=1.0)
@@ -339,14 +340,15 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("--data", default="runs/data", help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)")
     ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
-    from .models.gguf_convert import TYPES as GGUF_CONVERT_TYPES  # cheap: gguf itself is imported inside convert()
-
-    conv = commands.add_parser("convert", help="write a Hugging Face model directory as one GGUF file for llama.cpp")
-    conv.add_argument("--model", required=True, help="float model directory (Llama, Mistral or Qwen2; a quantized directory is refused)")
+    conv = commands.add_parser("convert", help="write a Hugging Face model directory as one GGUF file, or a GGUF file in another type")
+    conv.add_argument("--model", required=True, help="float model directory (Llama, Mistral or Qwen2; a quantized directory is refused), "
+                      "or a .gguf file to quantize")
     conv.add_argument("--out", required=True, help="the .gguf file to write (written whole, then renamed into place)")
-    conv.add_argument("--type", default="f32", choices=GGUF_CONVERT_TYPES,
-                      help="f32 (default: the weights as they are), f16, bf16, q8_0 or q4_0 "
-                           "(matrices whose rows are not whole 32-value blocks stay f16; norms f32)")
+    conv.add_argument("--type", default="f32", type=str.lower, choices=GGUF_TYPES, metavar="TYPE",
+                      help="f32 (default), f16, bf16, q8_0, q4_0 (from a directory: written by verispec's converter, matrices "
+                           "whose rows are not whole 32-value blocks stay f16), or any type of llama-quantize: q4_1, q5_0, "
+                           "q5_1, q2_k, q3_k_s/m/l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs (llama.cpp's own "
+                           "quantizer, llama_model_quantize; a .gguf input always goes through it); any case")
 
     toy = commands.add_parser("toy", help="write a tiny random target/draft pair (for smoke tests)")
     toy.add_argument("out", help="directory to create; holds target/ and draft/")
@@ -683,10 +685,10 @@ def _check_directory(path: str, flag: str) -> None:
         raise ValueError(f"{flag} {path}: not writable")
 
 
-def _progress(command: str):
-    """A progress line per phase on stderr, when stderr is a terminal (long runs say what they do)."""
+def _progress(command: str, always: bool = False):
+    """A progress line per phase on stderr, when stderr is a terminal or `always` (long runs say what they do)."""
     def say(message: str) -> None:
-        if sys.stderr.isatty():
+        if always or sys.stderr.isatty():
             print(f"verispec {command}: {message}", file=sys.stderr, flush=True)
     return say
 
@@ -735,7 +737,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from .check import format_report, run_check
 
-    for flag, value, least in (("--contexts", args.contexts, 1), ("--k", args.k, 1), ("--draws", args.draws, 1000),
+    for flag, value, least in (("--contexts", args.contexts, 1), ("--k", args.k, 1), ("--draws", 1000 if args.draws is None else args.draws, 1000),
                                ("--seeds", args.seeds, 1), ("--max-new-tokens", args.max_new_tokens, 1)):
         if value < least:
             return _fail(f"{flag} must be >= {least}, got {value}")
@@ -758,7 +760,7 @@ def _check(args: argparse.Namespace) -> int:
     if len(prompts) < args.contexts:
         return _fail(f"{args.prompts}: {len(prompts)} non-empty prompts, fewer than --contexts {args.contexts}")
     report = run_check(target, drafter, prompts, params, contexts=args.contexts, k=args.k, n=args.draws, seeds=args.seeds,
-                       max_new_tokens=args.max_new_tokens, progress=_progress("check"))
+                       max_new_tokens=args.max_new_tokens, progress=_progress("check", always=True))
     print("\n".join(format_report(report)))
     if args.json is not None:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
@@ -1086,7 +1088,12 @@ def _convert(args: argparse.Namespace) -> int:
     _check_writable(args.out, "--out")
     start = time.perf_counter()
     try:
-        path = convert(args.model, args.out, args.type)
+        if is_gguf(args.model):
+            from .models.gguf_quantize import quantize
+
+            path = quantize(args.model, args.out, args.type)
+        else:
+            path = convert(args.model, args.out, args.type)
     except ImportError as error:
         return _fail(f"verispec convert needs the gguf package (pip install 'verispec[llamacpp]'): {error}")
     print(f"wrote {path}: {args.type}, {path.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s")

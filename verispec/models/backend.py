@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError, load_tokenizer
-from .gguf_convert import TYPES as GGUF_TYPES  # the types the converter writes
+from .gguf_convert import ALL_TYPES as GGUF_TYPES  # the types a directory converts to (llama-quantize's, lower case)
 
 BACKENDS = ("auto", "llamacpp", "torch")
 
@@ -31,7 +31,7 @@ def is_gguf(path: str | Path) -> bool:
 def _check(backend: str, gguf_type: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if gguf_type not in GGUF_TYPES:
+    if gguf_type.lower() not in GGUF_TYPES:
         raise ValueError(f"--gguf-type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
 
 

@@ -36,7 +36,11 @@ import torch
 from .checkpoint import CheckpointError, _read_state_dict, load_tokenizer, read_config
 from .llama import LlamaConfig
 
-TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # written here, with the gguf package
+# every other type llama-quantize offers (lower case): written f32 here, then quantized by llama.cpp's own quantizer
+QUANTIZED_TYPES = tuple(name.lower() for name in ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
+                                                   "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"))
+ALL_TYPES = TYPES + QUANTIZED_TYPES
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}  # general.file_type
 _ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 _FORMAT_VERSION = 1  # part of the cache key: bump when the written file changes
@@ -70,8 +74,19 @@ def convert(model_dir: str | Path, out_path: str | Path, type: str = "f32", *, _
     """
     from gguf import GGUFWriter, LlamaFileType
 
-    qtype = _check_type(type)
+    type = type.lower()
     model_dir, out_path = Path(model_dir), Path(out_path)
+    if type in QUANTIZED_TYPES:  # f32 first, then llama.cpp's quantizer (models/gguf_quantize.py)
+        from .gguf_quantize import quantize
+
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        plain = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.f32.tmp")
+        try:
+            convert(model_dir, plain, "f32", _permute_qk=_permute_qk)
+            return quantize(plain, out_path, type)
+        finally:
+            plain.unlink(missing_ok=True)
+    qtype = _check_type(type)
     config = _read_float_config(model_dir)
     arch = _ARCH[config.model_type]
     tokenizer = _tokenizer_fields(model_dir, config)
@@ -98,6 +113,17 @@ def convert(model_dir: str | Path, out_path: str | Path, type: str = "f32", *, _
 
 
 def cached_gguf(model_dir: str | Path, type: str = "f32", cache_dir: str | Path | None = None) -> Path:
+    type = type.lower()
+    if type in QUANTIZED_TYPES:  # llama.cpp's quantizer, from the cached f32 file
+        from .gguf_quantize import quantize
+
+        source = cached_gguf(model_dir, "f32", cache_dir)
+        path = source.with_name(source.name.replace("-f32.gguf", f"-{type}.gguf"))
+        return path if path.is_file() else quantize(source, path, type)
+    return _cached(model_dir, type, cache_dir)
+
+
+def _cached(model_dir: str | Path, type: str, cache_dir: str | Path | None) -> Path:
     """The GGUF of model_dir in `type`, converted on the first call and reused after.
 
     The cache (default `$XDG_CACHE_HOME/verispec/gguf`, else `~/.cache/verispec/gguf`) is keyed
