@@ -116,3 +116,28 @@ def test_quantize_takes_llama_quantize_names_and_refuses_others(files, tmp_path)
         quant_type("q4_k_x")
     requantized = quantize(files["Q8_0"], tmp_path / "again.gguf", "Q4_0")  # a quantized input is requantized
     assert LlamaCppModel(requantized, n_threads=1)(torch.tensor([[1, 2, 3]])).shape == (1, 3, 257)
+
+
+def _spin_count(env: dict) -> str | None:
+    import os
+
+    code = "import os, verispec; print(os.environ.get('GOMP_SPINCOUNT'))"
+    base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip()
+
+
+def test_openmp_threads_spin_briefly_unless_the_user_chose():
+    """llama.cpp's OpenMP threads spin 1,000 times at a barrier, not libgomp's 300,000, so that a
+    second process on the same cores does not slow a pass several-fold (BENCHMARKS.md); a user's
+    own setting is kept (the negative control: what verispec sets is seen only when nothing is set)."""
+    assert _spin_count({}) == "1000"
+    assert _spin_count({"GOMP_SPINCOUNT": "5"}) == "5"
+    assert _spin_count({"OMP_WAIT_POLICY": "ACTIVE"}) == "None"
+
+
+@pytest.mark.parametrize("name", ["F32", "Q4_K_M", "IQ4_NL"])
+def test_logits_do_not_depend_on_the_thread_count(files, name):
+    one, two = LlamaCppModel(files[name], n_threads=1), LlamaCppModel(files[name], n_threads=2)
+    ids = _contexts(one)[0]
+    assert torch.equal(one(torch.tensor([ids])), two(torch.tensor([ids])))

@@ -457,7 +457,8 @@ class LlamaCppModel:
 
     `forward(input_ids [B, T], cache)` writes positions cache.lengths .. +T-1 of every row and
     returns float32 logits [B, T, V]; without a cache it scores whole sequences from position 0.
-    `n_threads` defaults to the cores this process may use (`default_threads`). `kv_type` is
+    `n_threads` defaults to the cores this process may use (`default_threads`) and is capped
+    there (more threads than cores only wait for each other). `kv_type` is
     the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
     PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3).
     """
@@ -485,7 +486,7 @@ class LlamaCppModel:
             raise CheckpointError(f"{path}: llama.cpp cannot load it: {' / '.join(_log[-2:]) or 'unknown error'}")
         self.weights = _Weights(handle)
         self.path = path
-        self.n_threads = min(n_threads or default_threads(), default_threads())  # more threads than cores only contend
+        self.n_threads = min(n_threads or default_threads(), default_threads())
         self.kv_type = kv_type
         self.vocab = lib.llama_model_get_vocab(handle)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
