@@ -222,3 +222,63 @@ def test_generate_help_says_what_target_draft_and_stop_take(capsys):
     assert exit_.value.code == 0
     assert "--target TARGET target model: a directory of Hugging Face-style weights or a .gguf file" in text
     assert "or 'none' (no speculation)" in text and "\\n \\t \\r" in text and "(one prompt streams its text)" in text
+
+
+def test_threads_above_the_cores_are_capped_with_one_line(pair, capsys):
+    from verispec.models.llamacpp import default_threads, unavailable
+
+    if unavailable() is not None:
+        pytest.skip("llama.cpp does not run here")
+    target, draft = pair
+    code = main(["generate", "def f(x):", "--target", str(target), "--draft", str(draft), "--backend", "llamacpp",
+                 "--max-new-tokens", "4", "--threads", "1000"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.count(f"--threads 1000 is more than the {default_threads()} cores this process may use; using {default_threads()}") == 1
+
+
+def test_exact_kernels_off_in_a_process_that_runs_them_on_is_one_line(pair, capsys):
+    from verispec.models.llamacpp import LlamaCppModel, _llama, unavailable
+
+    if unavailable() is not None:
+        pytest.skip("llama.cpp does not run here")
+    _llama()  # this process's llama.cpp is initialised with exact kernels (the default)
+    target, draft = pair
+    code = main(["generate", "hi", "--target", str(target), "--backend", "llamacpp", "--exact-kernels", "off", "--max-new-tokens", "2"])
+    assert code == 2 and "--exact-kernels off: this process already runs llama.cpp with the other setting" in capsys.readouterr().err
+    assert LlamaCppModel.__init__  # nothing else changed: the setting stays on
+    from verispec.models.llamacpp import exact_kernels
+
+    assert exact_kernels()
+
+
+def test_exact_kernels_off_runs_llama_cpps_default_kernels_in_a_fresh_process(pair):
+    from verispec.models.llamacpp import unavailable
+
+    if unavailable() is not None:
+        pytest.skip("llama.cpp does not run here")
+    target, draft = pair
+    done = subprocess.run([sys.executable, "-m", "verispec", "generate", "def f(x):", "--target", str(target), "--draft", str(draft),
+                           "--backend", "llamacpp", "--exact-kernels", "off", "--max-new-tokens", "6"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("6 tokens in")
+
+
+def test_convert_quantizes_a_gguf_and_a_directory_with_llama_cpps_quantizer(tmp_path, capsys):
+    from verispec.models.llamacpp import LlamaCppModel, unavailable
+
+    if unavailable() is not None:
+        pytest.skip("llama.cpp does not run here")
+    from gguf import GGUFReader
+
+    target, _ = make_toy_pair(tmp_path / "kq", sizes="kquant")
+    assert main(["convert", "--model", str(target), "--out", str(tmp_path / "f32.gguf")]) == 0
+    assert main(["convert", "--model", str(tmp_path / "f32.gguf"), "--out", str(tmp_path / "a.gguf"), "--type", "Q4_K_M"]) == 0
+    assert main(["convert", "--model", str(target), "--out", str(tmp_path / "b.gguf"), "--type", "q5_k_m"]) == 0
+    types = {t.tensor_type.name for t in GGUFReader(str(tmp_path / "a.gguf")).tensors}
+    assert "Q4_K" in types and {t.tensor_type.name for t in GGUFReader(str(tmp_path / "b.gguf")).tensors} >= {"Q5_K"}
+    assert LlamaCppModel(tmp_path / "a.gguf", n_threads=1).vocab_size == 257
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp" or p.name.startswith(".")) == []  # no temp files left
+    assert main(["convert", "--model", str(tmp_path / "missing.gguf"), "--out", str(tmp_path / "c.gguf"), "--type", "q6_k"]) == 2
+    assert "no such GGUF file" in capsys.readouterr().err and not (tmp_path / "c.gguf").exists()

@@ -141,3 +141,25 @@ def test_logits_do_not_depend_on_the_thread_count(files, name):
     one, two = LlamaCppModel(files[name], n_threads=1), LlamaCppModel(files[name], n_threads=2)
     ids = _contexts(one)[0]
     assert torch.equal(one(torch.tensor([ids])), two(torch.tensor([ids])))
+
+
+@pytest.mark.parametrize("name", ["F16", "Q8_0", "Q4_K_M"])
+def test_past_flash_attentions_split_the_pass_shape_still_does_not_matter(files, name):
+    """Contexts of 300 tokens: a one-query pass of one sequence over 512 cells or more would take
+    flash attention's split over threads; a placeholder keeps it on the per-query path."""
+    model = LlamaCppModel(files[name], n_threads=2)
+    contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    assert pass_shape_deviation(model, contexts).largest == 0.0
+
+
+def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monkeypatch):
+    """The negative control of the one above: no placeholder at any position on a file whose
+    one-token kernels agree (Q4_K_M: measured so), and the split shows at 300 tokens."""
+    from verispec.models import llamacpp
+
+    monkeypatch.setattr(llamacpp, "_SPLIT_KV_FROM", 10**9)
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    cache = model.new_cache(1, 8)
+    assert not cache.context.pad_always  # measured: this file's one-token kernels agree
+    assert pass_shape_deviation(model, contexts).largest > 0

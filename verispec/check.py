@@ -189,6 +189,11 @@ def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_
     say(f"pass-shape deviation: {min(COMPARED, len(prompts))} contexts, one-position passes against 4-position, 2-row and large-cache passes")
     deviation = pass_shape_deviation(target, prompts[:COMPARED])
     report.deviation = {**asdict(deviation), "largest": deviation.largest}
+    if getattr(target, "shape_invariant", False):  # llama.cpp with exact kernels: what its default settings would give
+        from .models.deviation import default_settings_deviation
+
+        say("pass-shape deviation under llama.cpp's default kernels (--exact-kernels off), in a fresh process")
+        report.deviation["llama_cpp_defaults"] = default_settings_deviation(target, prompts[:COMPARED])
     single = RowSampling(replace(params, seed=seed), 1)
     least = None  # (beta, context, position, p, q, proposal) of the least accepted position
     if params.greedy:
@@ -273,6 +278,10 @@ def format_report(report: CheckReport) -> list[str]:
         lines.append(f"engine numerics: the largest logit gap between pass shapes over {d['contexts']} contexts is {d['largest']:.3g} "
                      f"(positions {d['positions']:.3g}, rows {d['rows']:.3g}, cache {d['cache']:.3g})"
                      + ("" if d["largest"] == 0 else "; rows that differ by less than it can move are numerics, not the rule"))
+        default = d.get("llama_cpp_defaults")
+        if default is not None:
+            lines.append(f"    with llama.cpp's default kernels (--exact-kernels off) it would be {default:.3g}: "
+                         + ("verispec's exact kernels changed this file's numerics" if default > d["largest"] else "no setting had to change for this file"))
     lines += [(f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
               f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):")]
     for t in report.tests:

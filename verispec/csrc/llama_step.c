@@ -16,11 +16,12 @@
  * are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as sampling.sample
  * with one generator per row: a row's numbers never depend on the other rows.
  *
- * invariant != 0 (verispec's exact kernels): the target's pass never holds a single token or
- * a gap in its sequence ids. An inactive row between two active ones gets placeholder tokens
- * (removed after the pass), so that llama.cpp runs the batch as one ubatch; a pass of one token
- * gets a second placeholder with logits after it. A position's logits then come from the
- * same kernels whatever the pass holds (llamacpp.py, `_Context.decode`, does the same).
+ * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
+ * ids: an inactive row between two active ones gets placeholder tokens (removed after the pass),
+ * so that llama.cpp runs the batch as one ubatch. A pass of one token gets a second placeholder
+ * with logits after it: always with invariant == 2 (this file's one-token kernels differ), from
+ * position SPLIT_KV_FROM on with invariant == 1 (flash attention's split of one query's cells).
+ * A position's logits then come from the same kernels whatever the pass holds (llamacpp.py, `_Context.decode`, does the same).
  *
  * Compiled with -ffast-math (the reductions and expf vectorize only with reassociation; logits
  * are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
@@ -36,6 +37,7 @@
 #include <time.h>
 
 #define TOO_MANY_TOKENS (-1) /* a batch would exceed its capacity: nothing was changed */
+#define SPLIT_KV_FROM 240   /* as llamacpp.py's _SPLIT_KV_FROM */
 
 static double now(void) {
     struct timespec t;
@@ -241,7 +243,8 @@ int32_t verispec_step(
         put(target_batch, target_pending[b], target_length[b], b, 1);
         for (int32_t i = 0; i < drafted; i++) put(target_batch, proposals[b * k + i], target_length[b] + 1 + i, b, 1);
     }
-    if (invariant && target_batch->n_tokens == 1) /* one token: a second, after it, removed by the rollback below */
+    if (invariant && target_batch->n_tokens == 1 && (invariant == 2 || target_length[lo] + 1 > SPLIT_KV_FROM))
+        /* one token: a second, after it, removed by the rollback below */
         put(target_batch, target_pending[lo], target_length[lo] + 1, lo, 1);
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
 

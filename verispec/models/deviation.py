@@ -100,3 +100,31 @@ def startup_deviation(model) -> Deviation:
     temp.write_text(json.dumps(asdict(found)))
     os.replace(temp, memo)
     return found
+
+
+_DEFAULTS_CHILD = """
+import json, sys
+from verispec.models import llamacpp
+llamacpp.set_exact_kernels(False)
+from verispec.models.deviation import pass_shape_deviation
+model = llamacpp.LlamaCppModel(sys.argv[1], n_threads=int(sys.argv[2]))
+print(json.dumps(pass_shape_deviation(model, json.load(open(sys.argv[3]))).largest))
+"""
+
+
+def default_settings_deviation(model, contexts: list[list[int]], timeout: float = 600) -> float | None:
+    """`pass_shape_deviation(...).largest` of a llama.cpp model's file under llama.cpp's default
+    kernels (`--exact-kernels off`), measured in a fresh process (the settings are the process's);
+    None where that process fails."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+        json.dump(contexts, handle)
+        handle.flush()
+        done = subprocess.run([sys.executable, "-c", _DEFAULTS_CHILD, str(model.path), str(model.n_threads), handle.name],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        return None
+    return float(done.stdout.strip().splitlines()[-1])

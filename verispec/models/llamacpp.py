@@ -44,7 +44,9 @@ _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
     "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
     "AMX_INT8": "amx_int8",
 }
-_KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
+_KV_TYPES = {"f16": 1, "f32": 0}
+_SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
+#                      512 cells: llama.cpp pads the cells read to 256, so from position 256 on (a margin below it)  # GGML_TYPE_F16, GGML_TYPE_F32
 _lib = None
 _exact_kernels = True  # process-wide: set_exact_kernels, before llama.cpp's library is initialised
 _log: list[str] = []  # llama.cpp's recent error lines (its log is silenced; errors are quoted in ours)
@@ -245,6 +247,7 @@ class _Context:
         self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
         self.invariant = model.shape_invariant  # no pass of one token; gaps always filled
+        self.pad_always = True  # until measured: one-token passes take other kernels (LlamaCppModel._one_token_agrees)
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool,
@@ -307,14 +310,18 @@ class _Context:
         """The position of a placeholder token that a shape-invariant pass adds, or None: a pass of
         one sequence with one token, or with logits at one position only, would run llama.cpp's
         one-column kernels (llamafile's sgemm takes 2 columns or more; the last layer and the
-        output head run on the positions with logits). The placeholder follows the sequence's
-        last token, with logits, in the same llama_decode; its cell is removed after."""
+        output head run on the positions with logits) where those differ (`pad_always`, measured
+        per model), and flash attention's split over threads from _SPLIT_KV_FROM on. The
+        placeholder follows the sequence's last token, with logits, in the same llama_decode; its
+        cell is removed after."""
         if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
             return None
         wanted = len(tokens) if outputs is True else 0 if outputs is False else int(np.count_nonzero(outputs))
         if len(tokens) > 1 and wanted != 1:
             return None
         position = int(positions.max()) + 1
+        if not self.pad_always and position <= _SPLIT_KV_FROM:
+            return None
         return position if position < self.n_ctx_seq else None
 
     def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -502,6 +509,7 @@ class LlamaCppModel:
             description=description.value.decode(errors="replace"),
         )
         self._spare: _Context | None = None
+        self._agrees: bool | None = None  # one-token passes agree with two-token ones (_one_token_agrees)
         self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
 
     def __repr__(self) -> str:
@@ -517,7 +525,38 @@ class LlamaCppModel:
             return LlamaCppCache(self, spare, batch_size, max_length)
         if spare is not None:
             spare.free()
-        return LlamaCppCache(self, _Context(self, batch_size, max_length), batch_size, max_length)
+        context = _Context(self, batch_size, max_length)
+        if context.invariant:
+            context.pad_always = not self._one_token_agrees(context)
+        return LlamaCppCache(self, context, batch_size, max_length)
+
+    def _one_token_agrees(self, context: _Context) -> bool:
+        """Whether a one-token pass gives the logits of the same position in a two-token pass, bit
+        for bit, with this file's kernels on this CPU (measured once per model, at six positions of a
+        short context, in an empty context that is emptied again). Where it does, plain passes need no placeholder
+        until flash attention would split a query's cells (_SPLIT_KV_FROM): on files that fit in
+        the caches a placeholder costs 1.5-2x a one-token pass (BENCHMARKS.md)."""
+        if self._agrees is None:
+            if context.n_ctx_seq < 100:
+                return False
+            tokens = np.asarray([(7919 * i + 13) % self.vocab_size for i in range(1, 100)], dtype=np.int32)
+            seq, memory, agree = np.zeros(2, dtype=np.int64), context.memory, True
+            context.invariant = False  # the raw passes, without placeholders
+            try:
+                start = 0
+                for at in (20, 33, 47, 60, 75, 90):  # each position read by a one-token pass, then by a two-token one
+                    context.decode(tokens[start:at], np.arange(start, at), np.zeros(at - start, dtype=np.int64), False)
+                    one, _ = context.decode(tokens[at : at + 1], np.arange(at, at + 1), seq[:1], True, _copy)
+                    _llama().llama_memory_seq_rm(memory, 0, at, -1)
+                    two, _ = context.decode(tokens[at : at + 2], np.arange(at, at + 2), seq, True, _copy)
+                    _llama().llama_memory_seq_rm(memory, 0, at, -1)
+                    agree &= bool(np.array_equal(one[0], two[0]))
+                    start = at
+            finally:
+                context.invariant = True
+                _llama().llama_memory_clear(memory, True)
+            self._agrees = agree
+        return self._agrees
 
     def _release(self, context: _Context) -> None:
         """A cache is gone: keep its context for the next one (the larger of two), free the other."""

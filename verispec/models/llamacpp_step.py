@@ -155,7 +155,8 @@ class CompiledStep:
         self._settings = (ctypes.c_float(getattr(drafter, "confidence_threshold", 0.0)), ctypes.c_float(params.temperature if self.sampled else 0.0),
                           *map(_address, (self.rng, self.draft_probs, self.scratch, self.beta, self.draft_pending)), width)
         self._arrays = (*map(_address, (self.draft_count, self.draft_length, self.target_pending, self.target_length,
-                                        self.proposals, self.output, self.num_accepted, self.seconds)), int(target.shape_invariant))
+                                        self.proposals, self.output, self.num_accepted, self.seconds)),
+                       0 if not cache.context.invariant else 2 if cache.context.pad_always else 1)
 
     @classmethod
     def maybe(cls, target, cache, drafter, sampling, prompts: list[list[int]], k_max: int) -> CompiledStep | None:
