@@ -30,7 +30,9 @@ SETTINGS = {  # name -> (environment changes of the child, its n_threads: None =
 }
 
 CHILD = r"""
-import json, sys, time, torch
+import json, sys, time
+import verispec  # before torch: verispec sets how long OpenMP threads spin, which libgomp reads once, when torch loads it
+import torch
 from verispec import SamplingParams, generate_all
 from verispec.models.llamacpp import LlamaCppModel
 path, new, threads = sys.argv[1], int(sys.argv[2]), (int(sys.argv[3]) or None)
