@@ -54,7 +54,7 @@ CASES = [
     ([*G, "--draft", "{draft}", "--k", "auto", "--k-max", "0"], "--k-max", None),
     ([*G, "--dtype", "int3"], "dtype", None),
     ([*G, "--backend", "onnx"], "--backend", None),
-    ([*G, "--gguf-type", "q2_k"], "--gguf-type", None),
+    ([*G, "--gguf-type", "q9_k"], "--gguf-type", None),
     ([*G, "--threads", "0"], "--threads", None),
     ([*G, "--device", "tpu"], "--device", None),
     ([*G, "--device", "cuda"], "no CUDA device", None),
@@ -109,7 +109,7 @@ CASES = [
     # convert, quantize, train, the command itself
     (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),
     (["convert", "--model", "{target}", "--out", "/nonexistent/dir/x.gguf"], "--out", None),
-    (["convert", "--model", "{target}", "--out", "{root}/x.gguf", "--type", "q2_k"], "invalid choice", None),
+    (["convert", "--model", "{target}", "--out", "{root}/x.gguf", "--type", "q9_k"], "invalid choice", None),
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "3"], "invalid choice", None),
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"], "--group-size", None),
     (["quantize", "--model", "{target}", "--out", "{plain}"], "a file, not a directory", None),

@@ -186,6 +186,7 @@ def run_llamacpp_peer_bench(
 def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, header: dict) -> dict:
     reference = [r["tokens"] for r in rounds[PLAIN][-1]]
     reference_text = [tokenizer.decode(t) for t in reference]
+    own_plain = [r["tokens"] for r in rounds["verispec plain"][-1]] if "verispec plain" in rounds else None
     rows = []
     for system, runs in rounds.items():
         row = {"system": system, "tokens_per_s": statistics.median(sum(r["decoded"] for r in rs) / sum(r["seconds"] for r in rs) for rs in runs)}
@@ -207,6 +208,8 @@ def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, heade
             else:  # text, over what both produced (the program may decode a few tokens more)
                 same = [a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text)]
             row["identical_to_llamacpp_plain"], row["identical_prompts"] = all(same), sum(same)
+            if own_plain is not None and system.startswith("verispec") and "tokens" in last[0]:  # exactness: speculative = plain
+                row["identical_to_verispec_plain"] = all(r["tokens"] == tokens for r, tokens in zip(last, own_plain))
         rows.append(row)
     base = rows[0]["tokens_per_s"]
     own = [row["tokens_per_s"] for row in rows if row["system"].startswith("llama.cpp speculative")]
