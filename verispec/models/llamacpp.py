@@ -91,8 +91,9 @@ def set_exact_kernels(on: bool) -> None:
     - flash attention on: each query position is its own dot products and online softmax over
       the unmasked cells, whatever the pass holds (without it the attention products of one
       position per sequence take another kernel than those of several);
-    - no pass of one token (`LlamaCppModel.shape_invariant`): llamafile's sgemm (f32, f16, bf16,
-      IQ4_NL, ...) takes passes of 2 positions or more, so a one-token pass gets a placeholder.
+    - a placeholder after a one-token pass (`LlamaCppModel.shape_invariant`): llamafile's sgemm
+      (f32, f16, bf16, IQ4_NL, ...) takes passes of 2 positions or more, and flash attention splits
+      one query's cells over the threads from 512 cells on (`_Context._single_pad`).
     Off: llama.cpp's defaults for the kernels (repacking, the tiled product) and attention without
     flash attention, as before; faster on some types, exact only where the measured deviation is 0.
     """
