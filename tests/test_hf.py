@@ -384,10 +384,10 @@ def test_cli_generates_with_a_gpt2_target_and_refuses_a_foreign_draft(tmp_path, 
     gpt2_dir = tmp_path / "gpt2"
     hf_model("gpt2", 0, vocab_size=tokenizer.get_vocab_size()).save_pretrained(gpt2_dir)
     tokenizer.save(str(gpt2_dir / "tokenizer.json"))
-    common = ["generate", "def f(x):", "--target", str(gpt2_dir), "--max-new-tokens", "10", "--k", "3"]
-    assert main(common + ["--draft", str(toy_draft)]) == 0  # GPT-2 target, verispec Llama draft
+    common = ["generate", "def f(x):", "--target", str(gpt2_dir), "--max-new-tokens", "10"]
+    assert main(common + ["--draft", str(toy_draft), "--k", "3"]) == 0  # GPT-2 target, verispec Llama draft
     spec = capsys.readouterr().out.splitlines()
-    assert main(common + ["--draft", str(toy_draft), "--no-speculation"]) == 0
+    assert main(common + ["--draft", str(toy_draft), "--no-speculation"]) == 0  # (--k with it is refused)
     plain = capsys.readouterr().out.splitlines()
     assert spec[:-1] == plain[:-1] and "alpha_hat" in spec[-1]
 

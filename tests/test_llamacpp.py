@@ -332,7 +332,7 @@ def test_the_backend_is_chosen_by_format_and_name(toy, tmp_path):
     with pytest.raises(ValueError, match="--backend"):
         load(directory, "onnx")
     with pytest.raises(ValueError, match="--gguf-type"):
-        load(directory, "llamacpp", gguf_type="q2_k")
+        load(directory, "llamacpp", gguf_type="q9_k")
 
 
 def test_auto_falls_back_to_torch_with_a_reason_and_llamacpp_refuses(tmp_path):

@@ -262,7 +262,7 @@ class _Context:
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
             tokens, positions, seqs = np.append(tokens, tokens[-1]), np.append(positions, pad), np.append(seqs, seqs[-1])
-        filled = self._fill_gaps(seqs, positions)
+        filled = self._fill_gaps(seqs, positions, always=self.invariant and outputs is not False)
         if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
             pads, pad_positions = filled
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(pads), bool)])
@@ -325,7 +325,7 @@ class _Context:
             return None
         return position if position < self.n_ctx_seq else None
 
-    def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray, always: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         """(sequences, positions) of placeholder tokens that give every sequence from the batch's
         lowest to its highest the same number of tokens, or None where they would not pay.
         With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
@@ -346,7 +346,7 @@ class _Context:
         full[present - lo] = counts
         padded = len(full) * most
         pays = padded + _UBATCH_POSITIONS < int(full.sum()) + _UBATCH_POSITIONS * _ubatches(full, _N_BATCH)
-        if padded > _N_BATCH or not (pays or self.invariant):  # shape-invariant passes are one ubatch whatever it costs
+        if padded > _N_BATCH or not (pays or always):  # a shape-invariant pass with logits is one ubatch whatever it costs
             return None
         ends = np.full(len(full), -1, dtype=np.int64)  # each sequence's next position
         np.maximum.at(ends, seqs - lo, positions)
@@ -468,7 +468,9 @@ class LlamaCppModel:
     `n_threads` defaults to the cores this process may use (`default_threads`) and is capped
     there (more threads than cores only wait for each other). `kv_type` is
     the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
-    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3).
+    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3; attention then runs
+    without flash attention, whose f32 cache llama.cpp casts to f16, so its passes are not
+    shape-invariant: docs/EXACTNESS.md).
     """
 
     device = torch.device("cpu")
@@ -487,7 +489,9 @@ class LlamaCppModel:
         params = lib.llama_model_default_params()
         if _exact_kernels:
             params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
-        self.shape_invariant = _exact_kernels  # a draft may turn it off before its first cache: its logits need not be
+        # a draft may turn it off before its first cache (its logits need not be invariant); an f32 KV cache runs
+        # attention without flash attention (llama.cpp casts it to f16 for that), so its passes are not invariant
+        self.shape_invariant = _exact_kernels and kv_type == "f16"
         _log.clear()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
