@@ -45,6 +45,7 @@ _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
     "AMX_INT8": "amx_int8",
 }
 _KV_TYPES = {"f16": 1, "f32": 0}
+_SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}  # matrices llamafile's sgemm takes from 2 columns on
 _SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
 #                      512 cells: llama.cpp pads the cells read to 256, so from position 256 on (a margin below it)  # GGML_TYPE_F16, GGML_TYPE_F32
 _lib = None
@@ -262,7 +263,7 @@ class _Context:
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
             tokens, positions, seqs = np.append(tokens, tokens[-1]), np.append(positions, pad), np.append(seqs, seqs[-1])
-        filled = self._fill_gaps(seqs, positions, always=self.invariant and outputs is not False)
+        filled = self._fill_gaps(seqs, positions, always=self.invariant)
         if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
             pads, pad_positions = filled
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(pads), bool)])
@@ -346,7 +347,7 @@ class _Context:
         full[present - lo] = counts
         padded = len(full) * most
         pays = padded + _UBATCH_POSITIONS < int(full.sum()) + _UBATCH_POSITIONS * _ubatches(full, _N_BATCH)
-        if padded > _N_BATCH or not (pays or always):  # a shape-invariant pass with logits is one ubatch whatever it costs
+        if padded > _N_BATCH or not (pays or always):  # a shape-invariant pass is one ubatch whatever it costs
             return None
         ends = np.full(len(full), -1, dtype=np.int64)  # each sequence's next position
         np.maximum.at(ends, seqs - lo, positions)
@@ -536,31 +537,22 @@ class LlamaCppModel:
         return LlamaCppCache(self, context, batch_size, max_length)
 
     def _one_token_agrees(self, context: _Context) -> bool:
-        """Whether a one-token pass gives the logits of the same position in a two-token pass, bit
-        for bit, with this file's kernels on this CPU (measured once per model, at six positions of a
-        short context, in an empty context that is emptied again). Where it does, plain passes need no placeholder
-        until flash attention would split a query's cells (_SPLIT_KV_FROM): on files that fit in
-        the caches a placeholder costs 1.5-2x a one-token pass (BENCHMARKS.md)."""
+        """Whether a one-token pass takes the same matrix kernels as a pass of several: true when no
+        matrix of the file has a type that llamafile's sgemm takes from 2 columns on (f32, f16,
+        bf16, q8_0, q4_0, q5_0, iq4_nl on x86; read from the file). The K-quants, q4_1, q5_1 and the
+        IQ types then always take their dot-product kernels (with ggml's tiled product off), so a
+        plain pass needs no placeholder until flash attention would split a query's cells
+        (_SPLIT_KV_FROM): on files that sit in the caches a placeholder costs 1.5-2x a one-token
+        pass (BENCHMARKS.md). Measuring instead (a one-token pass against a two-token one) was
+        tried and was not enough: sgemm's results also change between 2 and 3 columns."""
         if self._agrees is None:
-            if context.n_ctx_seq < 100:
-                return False
-            tokens = np.asarray([(7919 * i + 13) % self.vocab_size for i in range(1, 100)], dtype=np.int32)
-            seq, memory, agree = np.zeros(2, dtype=np.int64), context.memory, True
-            context.invariant = False  # the raw passes, without placeholders
             try:
-                start = 0
-                for at in (20, 33, 47, 60, 75, 90):  # each position read by a one-token pass, then by a two-token one
-                    context.decode(tokens[start:at], np.arange(start, at), np.zeros(at - start, dtype=np.int64), False)
-                    one, _ = context.decode(tokens[at : at + 1], np.arange(at, at + 1), seq[:1], True, _copy)
-                    _llama().llama_memory_seq_rm(memory, 0, at, -1)
-                    two, _ = context.decode(tokens[at : at + 2], np.arange(at, at + 2), seq, True, _copy)
-                    _llama().llama_memory_seq_rm(memory, 0, at, -1)
-                    agree &= bool(np.array_equal(one[0], two[0]))
-                    start = at
-            finally:
-                context.invariant = True
-                _llama().llama_memory_clear(memory, True)
-            self._agrees = agree
+                from gguf import GGUFReader
+
+                types = {t.tensor_type.name for t in GGUFReader(str(self.path)).tensors if len(t.shape) > 1 and t.shape[1] > 1}
+            except Exception:  # no gguf package, or a file it cannot read: the placeholder, always
+                types = {"F32"}
+            self._agrees = not types & _SGEMM_TYPES
         return self._agrees
 
     def _release(self, context: _Context) -> None:
