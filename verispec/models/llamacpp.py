@@ -249,7 +249,7 @@ class _Context:
         self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
         self.invariant = model.shape_invariant  # no pass of one token; gaps always filled
-        self.pad_always = True  # until measured: one-token passes take other kernels (LlamaCppModel._one_token_agrees)
+        self.pad_always = True  # a placeholder after every one-token pass, unless the file needs none (LlamaCppModel._one_token_agrees)
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool,
@@ -515,7 +515,7 @@ class LlamaCppModel:
             description=description.value.decode(errors="replace"),
         )
         self._spare: _Context | None = None
-        self._agrees: bool | None = None  # one-token passes agree with two-token ones (_one_token_agrees)
+        self._agrees: bool | None = None  # no matrix of a type sgemm takes (_one_token_agrees), read once
         self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
 
     def __repr__(self) -> str:
@@ -533,10 +533,10 @@ class LlamaCppModel:
             spare.free()
         context = _Context(self, batch_size, max_length)
         if context.invariant:
-            context.pad_always = not self._one_token_agrees(context)
+            context.pad_always = not self._one_token_agrees()
         return LlamaCppCache(self, context, batch_size, max_length)
 
-    def _one_token_agrees(self, context: _Context) -> bool:
+    def _one_token_agrees(self) -> bool:
         """Whether a one-token pass takes the same matrix kernels as a pass of several: true when no
         matrix of the file has a type that llamafile's sgemm takes from 2 columns on (f32, f16,
         bf16, q8_0, q4_0, q5_0, iq4_nl on x86; read from the file). The K-quants, q4_1, q5_1 and the
