@@ -56,6 +56,6 @@ def tiny_teacher(small_corpus, tmp_path_factory):
     """The tiny preset trained 60 steps on small_corpus: a target to distil and cache from."""
     from train_helpers import small_config
 
-    from verispec.train import PRESETS, train
+    from verispec.training.train import PRESETS, train
 
     return train(PRESETS["tiny"], small_config(small_corpus, tmp_path_factory.mktemp("teacher"), 60), progress=False) / "model"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from verispec.chisquare import chi_square as _chi_square
+from verispec.analysis.chisquare import chi_square as _chi_square
 
 FALSE_FAILURE = 1e-9
 MIN_EXPECTED = 5.0
@@ -55,14 +55,14 @@ def counts_of(samples, vocab: int) -> np.ndarray:
 
 def chi_square(counts, probs, min_expected: float = MIN_EXPECTED) -> tuple[float, int]:
     """Pearson chi-square statistic and degrees of freedom of `counts` against the exact `probs`
-    (tensors or arrays): verispec.chisquare.chi_square (cells with expected < min_expected
+    (tensors or arrays): verispec.analysis.chisquare.chi_square (cells with expected < min_expected
     pooled; a draw where probs == 0 gives inf)."""
     return _chi_square(to_numpy(counts), to_numpy(probs), min_expected)
 
 
 def threshold(df: int, false_failure: float = FALSE_FAILURE) -> float:
     """The chi-square quantile exceeded with probability `false_failure` under the null (scipy's:
-    an independent check of verispec.chisquare.threshold, tests/test_check.py)."""
+    an independent check of verispec.analysis.chisquare.threshold, tests/test_check.py)."""
     if df <= 0:
         return 0.0
     return float(stats.chi2.isf(false_failure, df))

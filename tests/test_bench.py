@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from verispec.bench import run_bench, write_reports
+from verispec.analysis.bench import run_bench, write_reports
 from verispec.cli import main
 from verispec.drafters.model import ModelDrafter
 from verispec.models.checkpoint import load_pretrained
 from verispec.models.toy import make_toy_pair
-from verispec.profiler import context_bucket, profile_costs
+from verispec.analysis.profile import context_bucket, profile_costs
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_bench_command_prints_a_table(pair, tmp_path, capsys):
 def test_position_alphas_from_known_betas():
     import torch
 
-    from verispec.planner import position_alphas
+    from verispec.analysis.plan import position_alphas
 
     constant = [torch.full((50,), 0.8, dtype=torch.float64)]
     assert position_alphas(constant, 3) == pytest.approx([0.8, 0.8, 0.8])
@@ -94,7 +94,7 @@ def test_plan_recommends_speculation_for_a_self_draft_and_not_for_a_random_one(p
     disagrees everywhere (beta = 0) never pays."""
     from verispec.config import SamplingParams
     from verispec.models.llama import LlamaForCausalLM, init_weights
-    from verispec.planner import plan
+    from verispec.analysis.plan import plan
 
     _, _, target, _ = pair
     hostile = init_weights(LlamaForCausalLM(target.config.replace(num_hidden_layers=1)), std=2.0, seed=5).eval()
@@ -160,7 +160,7 @@ def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from verispec.peer import explain_difference
+    from verispec.analysis.peer_hf import explain_difference
 
     target_dir, _, _, _ = pair
     hf_target = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
@@ -177,7 +177,7 @@ def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
 
 def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
     from verispec.drafters.ngram import PromptLookupDrafter
-    from verispec.planner import _lookup
+    from verispec.analysis.plan import _lookup
 
     proposals, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4, 2)  # prefixes ..5 / ..5 6 / ..5 6 7
     assert proposals.tolist() == [[6, 7], [7, 5], [5, 6]] and found.tolist() == [True, True, True]
@@ -188,7 +188,7 @@ def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
 def test_position_alphas_count_only_the_blocks_that_start_where_the_drafter_proposes():
     import torch
 
-    from verispec.planner import position_alphas
+    from verispec.analysis.plan import position_alphas
 
     betas = [torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64)]
     starts = [torch.tensor([False, True, False, True, True, True])]
@@ -200,7 +200,7 @@ def test_position_alphas_count_only_the_blocks_that_start_where_the_drafter_prop
 def test_replay_cost_by_hand():
     import torch
 
-    from verispec.planner import replay_cost
+    from verispec.analysis.plan import replay_cost
 
     # T = 3, k = 1: from 0 the proposal is accepted with probability 0.5 (on to 2, else to 1);
     # no proposal at 1 (a plain pass); from 2, accepted or not, the end. Costs: r(2) = 1.5.
@@ -218,7 +218,7 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     from verispec.config import SamplingParams
     from verispec.drafters.ngram import PromptLookupDrafter
     from verispec.engine import generate_all
-    from verispec.planner import replay_cost, teacher_forced_blocks
+    from verispec.analysis.plan import replay_cost, teacher_forced_blocks
     from verispec.stats import SpecStats
 
     _, _, target, draft = pair

@@ -18,7 +18,7 @@ from scipy import stats
 
 from verispec import check as check_module
 from verispec import rejection
-from verispec.chisquare import chi_square, detectable_tv, threshold
+from verispec.analysis.chisquare import chi_square, detectable_tv, threshold
 from verispec.cli import main
 from verispec.config import SamplingParams
 from verispec.models.toy import make_toy_pair

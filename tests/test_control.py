@@ -16,7 +16,7 @@ import pytest
 from stats_helpers import assert_distributed_as
 from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
 from verispec.config import SamplingParams
-from verispec.control import AdaptiveLength, FixedLength, _draft_time
+from verispec.policy import AdaptiveLength, FixedLength, _draft_time
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
@@ -376,7 +376,7 @@ def test_where_the_predicted_speedup_is_flat_the_shorter_draft_is_chosen():
     acceptance 0.7, S(3) = 1.883 and S(4) = 1.899, the argmax. Within 1% of the best, the policy
     takes k = 3; with tolerance 0 (the negative control) the argmax, 4. S(2) = 1.780 is not
     within 1%, so the rule is not just 'shorter'."""
-    from verispec.control import shortest_near_best
+    from verispec.policy import shortest_near_best
 
     calibrated = lambda **kw: _calibrated(lambda n: 1.0, lambda b: 0.115, **kw)  # noqa: E731
     assert calibrated().choose(batch=1) == 3
@@ -413,7 +413,7 @@ def test_calibrated_times_are_smoothed_by_a_line_over_k():
     """A calibration whose k = 4 pass came out 30% slow by chance (three passes on a busy
     machine): the time the policy uses at k = 4 is the line's, within 8% of the straight
     neighbours' trend, and at k = 0 the calibration's own. A falling line is held flat."""
-    from verispec.control import _fitted_line
+    from verispec.policy import _fitted_line
 
     policy = AdaptiveLength(k_max=8)
     draft = {(1, k): 0.1 * k for k in range(1, 9)}

@@ -22,7 +22,7 @@ import torch
 
 from stats_helpers import assert_distributed_as, is_distributed_as
 from verispec.config import SamplingParams
-from verispec.control import AdaptiveLength
+from verispec.policy import AdaptiveLength
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter

@@ -9,7 +9,8 @@ from verispec.cli import main
 from verispec.drafters.model import ModelDrafter
 from verispec.models.checkpoint import load_pretrained, load_tokenizer
 from verispec.pair import DRAFT_DIR, TARGET_DIR
-from verispec.train import held_out_loss, read_text, split_corpus
+from verispec.training.train import held_out_loss
+from verispec.training.data import read_text, split_corpus
 
 NEW_TOKENS = 32
 
@@ -44,7 +45,7 @@ def test_greedy_continuation_equals_transformers(target, held_out_prompt):
 
 def test_target_is_clearly_better_than_the_draft_on_held_out_text(target, tmp_path):
     """Held-out cross-entropy (nats/token) on the running interpreter's held-out files."""
-    from verispec.train import tokenize_files
+    from verispec.training.data import tokenize_files
 
     tokenizer = load_tokenizer(TARGET_DIR)
     _, held_out = split_corpus()

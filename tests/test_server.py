@@ -25,7 +25,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from verispec.config import SamplingParams
-from verispec.control import FixedLength
+from verispec.policy import FixedLength
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.backend import load, load_text_tokenizer
@@ -441,7 +441,7 @@ def test_a_full_queue_answers_503_at_once_and_the_rest_complete(pair):
 def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(pair):
     """`--k auto`: the scheduler times passes at every batch size and k before it takes a
     request (profiler.calibrate), leaves its batch empty, and then serves plain decoding's tokens."""
-    from verispec.control import AdaptiveLength
+    from verispec.policy import AdaptiveLength
     from verispec.server.run import build, start_in_thread
 
     target, draft, tokenizer = pair

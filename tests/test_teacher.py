@@ -1,4 +1,4 @@
-"""The teacher cache (`verispec.teacher`) and distillation from it (`train draft --teacher-cache`).
+"""The teacher cache (`verispec.training.teacher`) and distillation from it (`train draft --teacher-cache`).
 
 - The cache holds the target's top-k log-probabilities and the log of the rest, position by
   position, as the target computes them; it is built in chunks that a stopped run resumes,
@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
-from verispec.teacher import TeacherCache, build_teacher_cache, distill_loss
-from verispec.train import load_tokens, train
+from verispec.training.teacher import TeacherCache, build_teacher_cache, distill_loss
+from verispec.training.train import train
+from verispec.training.data import load_tokens
 
 SEQ = 32
 CHUNK = 1000  # windows per chunk: a few chunks over the small corpus

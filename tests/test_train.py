@@ -8,16 +8,8 @@ import torch
 from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
-from verispec.train import (
-    PRESETS,
-    TrainConfig,
-    corpus_files,
-    held_out_loss,
-    is_held_out,
-    load_tokens,
-    split_corpus,
-    train,
-)
+from verispec.training.train import PRESETS, TrainConfig, held_out_loss, train
+from verispec.training.data import corpus_files, is_held_out, load_tokens, split_corpus
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -116,7 +108,7 @@ def test_early_stopping_exports_the_best_held_out_weights(data, tmp_path, monkey
     (here scripted to be step 10's), not the last."""
     import json
 
-    import verispec.train as train_module
+    import verispec.training.train as train_module
 
     scripted = iter([3.0, 1.0, 2.0, 4.0, 5.0, 6.0])
     monkeypatch.setattr(train_module, "held_out_loss", lambda model, data: next(scripted))

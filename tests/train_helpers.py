@@ -4,7 +4,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from verispec.train import TrainConfig, corpus_files, prepare_data
+from verispec.training.train import TrainConfig
+from verispec.training.data import corpus_files, prepare_data
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -23,7 +24,7 @@ def small_config(data, out, steps: int, seq_len: int = 32, **kw) -> TrainConfig:
 
 
 def tiny_draft_config():
-    from verispec.train import PRESETS
+    from verispec.training.train import PRESETS
 
     return PRESETS["tiny"].replace(hidden_size=16, num_attention_heads=1, num_key_value_heads=1, head_dim=16)
 
@@ -33,7 +34,7 @@ def held_out_beta(target_dir, models, data) -> list[float]:
     import torch
 
     from verispec.models.checkpoint import load_pretrained
-    from verispec.train import load_tokens
+    from verispec.training.data import load_tokens
 
     target = load_pretrained(target_dir)
     ids = load_tokens(data, "heldout")[:257].view(1, -1)

@@ -18,7 +18,7 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ 
     _os.environ["GOMP_SPINCOUNT"] = "1000"
 
 from .config import SamplingParams, SpecConfig
-from .control import AdaptiveLength, DraftLengthPolicy, FixedLength
+from .policy import AdaptiveLength, DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.model import ModelDrafter

@@ -19,7 +19,7 @@ import torch
 
 from . import __version__
 from .config import SamplingParams
-from .control import AdaptiveLength, FixedLength
+from .policy import AdaptiveLength, FixedLength
 from .drafters.model import ModelDrafter
 from .engine import Batch
 from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
@@ -633,7 +633,7 @@ def _generate(args: argparse.Namespace) -> int:
         step_status()  # build (once) the compiled step now, not inside the timed run
     plain_step_s = None
     if args.k == "auto" and drafter is not None:  # a quick cost profile: the policy chooses well from the start
-        from .profiler import profile_costs
+        from .analysis.profile import profile_costs
 
         longest = max(map(len, prompt_ids))
         profile = profile_costs(target, getattr(drafter, "model", None), args.k_max, batch_size=len(prompt_ids),
@@ -707,7 +707,7 @@ def _model(name: str, dtype, args: argparse.Namespace):
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from .planner import plan
+    from .analysis.plan import plan
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
@@ -735,7 +735,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     import json
 
-    from .check import format_report, run_check
+    from .analysis.check import format_report, run_check
 
     for flag, value, least in (("--contexts", args.contexts, 1), ("--k", args.k, 1), ("--draws", 1000 if args.draws is None else args.draws, 1000),
                                ("--seeds", args.seeds, 1), ("--max-new-tokens", args.max_new_tokens, 1)):
@@ -781,7 +781,7 @@ def _quantize(args: argparse.Namespace) -> int:
     before = weight_bytes(model)
     calibration = None
     if args.calibration:
-        from .train import load_tokens
+        from .training.data import load_tokens
 
         tokens = load_tokens(args.calibration, "train")
         starts = torch.randint(0, len(tokens) - 257, (args.calibration_windows,), generator=torch.Generator().manual_seed(0))
@@ -794,7 +794,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from .models.kernels import kernel_status
-    from .profiler import profile_costs
+    from .analysis.profile import profile_costs
 
     if args.k_max < 1:
         return _fail(f"--k-max must be >= 1, got {args.k_max}")
@@ -849,7 +849,7 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
     import statistics
 
     from .models.quantize import quantize_model, weight_bytes
-    from .profiler import profile_costs
+    from .analysis.profile import profile_costs
 
     variants = {"float32": target, "int8": quantize_model(copy.deepcopy(target), 8), "int4-g64": quantize_model(copy.deepcopy(target), 4, 64)}
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
@@ -910,7 +910,7 @@ def _read_prompts(path: str, limit: int | None, settings: list[dict] | None = No
 def _peer(args: argparse.Namespace) -> int:
     import json
 
-    from .peer import run_peer_bench
+    from .analysis.peer_hf import run_peer_bench
 
     k = next((int(k) for k in args.k.split(",") if k.isdigit()), 4)
     tokenizer = load_tokenizer(args.target)
@@ -943,7 +943,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
 
     from .models.backend import gguf_file
     from .models.llamacpp import unavailable
-    from .peer_llamacpp import run_llamacpp_peer_bench
+    from .analysis.peer_llamacpp import run_llamacpp_peer_bench
 
     reason = unavailable()
     if reason:
@@ -975,7 +975,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench, write_reports
+    from .analysis.bench import run_bench, write_reports
 
     _check_reports(args)
     ks, temperatures = _draft_lengths(args.k), _temperatures(args.temperature)
@@ -1025,7 +1025,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _perplexity(args: argparse.Namespace) -> int:
     import math
 
-    from .train import held_out_loss
+    from .training.train import held_out_loss
 
     if args.windows < 1:
         return _fail(f"--windows must be >= 1, got {args.windows}")
@@ -1040,7 +1040,7 @@ def _perplexity(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from . import train
+    from .training import train
 
     out = args.out or f"runs/{args.what}"
     _check_directory(args.out or (args.data if args.what == "data" else out), "--data" if args.what == "data" and not args.out else "--out")
@@ -1049,7 +1049,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if args.what == "teacher":
         from .pair import TARGET_DIR
-        from .teacher import build_teacher_cache
+        from .training.teacher import build_teacher_cache
 
         out, missing = build_teacher_cache(args.teacher or TARGET_DIR, args.data, args.out or "runs/teacher", seq_len=args.seq_len,
                                            top_k=args.top_k, chunk_windows=args.chunk_windows, batch_size=args.batch_size,

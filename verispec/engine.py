@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams
-from .control import DraftLengthPolicy, FixedLength
+from .policy import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .models.rows import extend_rows, prefill_rows
 from .rejection import acceptance_probability, verify, verify_greedy

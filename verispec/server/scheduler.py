@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import SamplingParams
-from ..control import AdaptiveLength, DraftLengthPolicy
+from ..policy import AdaptiveLength, DraftLengthPolicy
 from ..engine import Batch, Staged
-from ..profiler import batch_sizes, calibrate
+from ..analysis.profile import batch_sizes, calibrate
 from ..stats import RequestStats
 
 

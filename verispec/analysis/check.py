@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from . import rejection
+from .. import rejection
 from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
-from .config import SamplingParams
-from .engine import generate_all
-from .invariant import choose
-from .models.deviation import pass_shape_deviation
-from .sampling import RowSampling, row_seed, sample
-from .streams import RowStreams
+from ..config import SamplingParams
+from ..engine import generate_all
+from ..invariant import choose
+from ..models.deviation import pass_shape_deviation
+from ..sampling import RowSampling, row_seed, sample
+from ..streams import RowStreams
 
 DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (the built-in vocabulary: 200,000)
 CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays of 16 MB at V = 8192, which malloc reuses (4096 rows: 8x slower in invariant mode, every array fresh pages)
@@ -190,7 +190,7 @@ def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_
     deviation = pass_shape_deviation(target, prompts[:COMPARED])
     report.deviation = {**asdict(deviation), "largest": deviation.largest}
     if getattr(target, "shape_invariant", False):  # llama.cpp with exact kernels: what its default settings would give
-        from .models.deviation import default_settings_deviation
+        from ..models.deviation import default_settings_deviation
 
         say("pass-shape deviation under llama.cpp's default kernels (--exact-kernels off), in a fresh process")
         report.deviation["llama_cpp_defaults"] = default_settings_deviation(target, prompts[:COMPARED])
@@ -249,7 +249,7 @@ def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_
 def _gap(target, prompt: list[int], plain: list[int], spec: list[int], params: SamplingParams) -> float:
     """At the first token where plain and speculative rows differ, the gap between the two largest
     scores log p(x) + G(x) of plain decoding (nats): tiny for a floating-point near-tie."""
-    from .invariant import gumbel_noise
+    from ..invariant import gumbel_noise
 
     i = next((j for j, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     context = prompt + plain[:i]

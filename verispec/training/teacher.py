@@ -61,7 +61,7 @@ def _chunk_path(out: Path, chunk: int) -> Path:
 
 
 def spec_for(target_dir: str | Path, data: str | Path, split: str, seq_len: int, top_k: int, chunk_windows: int) -> TeacherSpec:
-    from .train import load_tokens
+    from .data import load_tokens
 
     weights = sorted(Path(target_dir).glob("*.safetensors"))
     if not weights:
@@ -90,8 +90,8 @@ def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Pat
     max_seconds > 0 it stops after the chunk that crosses that time (run it again to go on)."""
     from tqdm import tqdm
 
-    from .models.checkpoint import load_pretrained
-    from .train import load_tokens, tokenizer_vocab_size
+    from ..models.checkpoint import load_pretrained
+    from .data import load_tokens, tokenizer_vocab_size
 
     if top_k < 1 or seq_len < 1 or chunk_windows < 1 or batch_size < 1:
         raise ValueError(f"top_k, seq_len, chunk_windows and batch_size must be >= 1, got {top_k}, {seq_len}, {chunk_windows}, {batch_size}")
@@ -143,7 +143,7 @@ class TeacherCache:
     """A complete cache in memory: the training windows' tokens and the teacher's top-k."""
 
     def __init__(self, path: str | Path, data: str | Path):
-        from .train import load_tokens
+        from .data import load_tokens
 
         path = Path(path)
         try:

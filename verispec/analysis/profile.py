@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SamplingParams
-from .rejection import verify
-from .sampling import process_logits, sample
+from ..config import SamplingParams
+from ..rejection import verify
+from ..sampling import process_logits, sample
 
 _CACHE: dict[tuple, "CostProfile"] = {}
 

@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .config import SamplingParams
-from .drafters.ngram import PromptLookupDrafter
-from .engine import generate_all
-from .profiler import profile_costs
-from .sampling import process_logits
+from ..config import SamplingParams
+from ..drafters.ngram import PromptLookupDrafter
+from ..engine import generate_all
+from .profile import profile_costs
+from ..sampling import process_logits
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:

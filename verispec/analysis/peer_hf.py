@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from .config import SamplingParams
-from .drafters.model import ModelDrafter
-from .drafters.ngram import PromptLookupDrafter
-from .engine import generate_all
-from .models.hf import load_model
+from ..config import SamplingParams
+from ..drafters.model import ModelDrafter
+from ..drafters.ngram import PromptLookupDrafter
+from ..engine import generate_all
+from ..models.hf import load_model
 
 
 def _hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list[int]:

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from .config import SamplingParams
-from .control import AdaptiveLength
-from .drafters.base import Drafter
-from .engine import generate_all
-from .models.quantize import weight_bytes
-from .profiler import profile_costs
-from .stats import SpecStats
-from .theory import mixed_speedup
+from ..config import SamplingParams
+from ..policy import AdaptiveLength
+from ..drafters.base import Drafter
+from ..engine import generate_all
+from ..models.quantize import weight_bytes
+from .profile import profile_costs
+from ..stats import SpecStats
+from ..theory import mixed_speedup
 
 RUN_FIELDS = (
     "k", "temperature", "tokens_per_s_baseline", "tokens_per_s_speculative", "speedup", "speedup_min", "speedup_max",

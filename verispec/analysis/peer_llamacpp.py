@@ -31,15 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .config import SamplingParams
-from .control import AdaptiveLength
-from .drafters.model import ModelDrafter
-from .drafters.ngram import PromptLookupDrafter
-from .engine import generate_all
-from .models.llamacpp import GGUFTokenizer, LlamaCppModel
-from .models.llamacpp_step import step_status
-from .profiler import profile_costs
-from .stats import SpecStats
+from ..config import SamplingParams
+from ..policy import AdaptiveLength
+from ..drafters.model import ModelDrafter
+from ..drafters.ngram import PromptLookupDrafter
+from ..engine import generate_all
+from ..models.llamacpp import GGUFTokenizer, LlamaCppModel
+from ..models.llamacpp_step import step_status
+from .profile import profile_costs
+from ..stats import SpecStats
 
 SPECULATIVE_PROGRAM = "llama-speculative-simple"
 PLAIN = "llama.cpp plain (llama-cpp-python)"
