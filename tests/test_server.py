@@ -448,13 +448,13 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
     policy = AdaptiveLength(k_max=4)
     app, scheduler = build(target, ModelDrafter(draft), tokenizer, model_name="pair", k=policy, max_batch=4,
                            max_model_len=MAX_MODEL_LEN, eos=(target.config.eos_token_id,))
-    assert not policy._seeded_target and not policy._seeded_draft
+    assert not policy.shape.target and not policy.shape.draft
     handle = start_in_thread(app)
     try:
         assert scheduler.calibration_s is not None and len(scheduler.batch) == 0
-        assert set(policy._seeded_target) == {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
-        assert set(policy._seeded_draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
-        assert not policy._target and not policy._stretch  # no request yet: nothing timed in service
+        assert set(policy.shape.target) == {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
+        assert set(policy.shape.draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
+        assert policy.passes == 0  # no request yet: nothing timed in service
         assert policy.alphas() == pytest.approx([0.7] * 4)  # acceptance untouched: the calibration's text is not the users'
         got = _post(handle.url, {"model": "pair", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).json()
         assert "choices" in got, got

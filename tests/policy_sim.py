@@ -1,0 +1,57 @@
+"""A simulated machine for draft-length policies: a cost table, an acceptance rate and noise.
+
+Each pass the policy chooses k; each of `batch` rows accepts draft positions one by one with
+probability alpha until the first rejection (greedy betas: 1 for an accepted position, 0 for the
+first rejected one) and commits the accepted tokens plus one; the pass takes seconds[k] times
+lognormal noise, with rare stalls. Throughput is committed tokens over seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass
+class Machine:
+    seconds: list[float]  # an iteration's seconds at k = 0..k_max
+    alpha: float  # acceptance per draft position
+    batch: int = 1
+    noise: float = 0.1  # sigma of the lognormal noise on every pass
+    stall: float = 0.0  # chance that a pass takes ten times as long
+
+    def expected_throughput(self, k: int) -> float:
+        """Tokens per second of fixed k, noise and stalls included."""
+        mean_time = self.seconds[k] * math.exp(self.noise**2 / 2) * (1 + 9 * self.stall)
+        return self.batch * sum(self.alpha**i for i in range(k + 1)) / mean_time
+
+    def best_k(self) -> int:
+        return max(range(len(self.seconds)), key=self.expected_throughput)
+
+
+def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0) -> tuple[float, list[int]]:
+    """Drive `policy` for `passes` passes; machines: (first pass, machine) in order (a change of machine
+    at a pass). Returns (throughput over all passes, the k chosen at each pass)."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    chosen = []
+    for n in range(passes):
+        machine = [m for start, m in machines if start <= n][-1]
+        k = policy.choose(machine.batch)
+        beta_sums, verified = [0.0] * k, [0] * k
+        for _ in range(machine.batch):
+            accepted = 0
+            while accepted < k:
+                verified[accepted] += 1
+                if rng.random() >= machine.alpha:
+                    break
+                beta_sums[accepted] += 1.0
+                accepted += 1
+            tokens += accepted + 1
+        t = machine.seconds[k] * math.exp(machine.noise * rng.gauss(0, 1))
+        t *= 10 if rng.random() < machine.stall else 1
+        policy.observe(k, beta_sums, verified, 0.0, t, batch=machine.batch, cap=k)
+        seconds += t
+        chosen.append(k)
+    return tokens / seconds, chosen

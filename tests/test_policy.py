@@ -1,0 +1,245 @@
+"""Draft-length policies: they change how many tokens are proposed, never which are committed.
+
+Exactness: scripted and adaptive draft lengths (k = 0 steps included, so the draft model's pending
+tokens pile up and are caught up in one pass) keep the joint distribution of a 3-token continuation
+exact, and greedy output identical to plain decoding. Behaviour, as properties on a simulated machine
+(tests/policy_sim.py): the adaptive policy picks the best k on a stationary cost table, follows a
+change, stays within a stated loss of the best fixed k under noise, and does not draft where no k can
+pay; each property has a negative control that fails it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from stats_helpers import assert_distributed_as
+from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
+from verispec.config import SamplingParams
+from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
+from verispec.drafters.model import ModelDrafter
+from verispec.engine import generate_all
+from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
+from verispec.stats import SpecStats
+from policy_sim import Machine, run
+
+
+class Scripted:
+    """A policy that plays a fixed sequence of draft lengths, then repeats the last."""
+
+    def __init__(self, ks: list[int]):
+        self.ks, self.k_max, self.step = ks, max(ks), 0
+
+    def choose(self, batch: int = 1) -> int:
+        k = self.ks[min(self.step, len(self.ks) - 1)]
+        self.step += 1
+        return k
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ks", [[0, 0, 2], [1, 0, 3], [0, 1, 0]], ids=lambda ks: "-".join(map(str, ks)))
+def test_joint_distribution_is_exact_when_k_changes(markov, ks):
+    target, drafts = markov
+    params = SamplingParams(temperature=1.0, seed=7, max_new_tokens=JOINT_TOKENS)
+    exact = target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params)
+    counts, stats = _joint_counts(target, ModelDrafter(drafts["close"]), params, Scripted(ks), JOINT_N)
+    assert_distributed_as(counts, exact.ravel(), are_counts=True, label=f"scripted k={ks}")
+    assert stats.proposed > 0
+
+
+def test_joint_distribution_is_exact_under_the_adaptive_policy(markov):
+    target, drafts = markov
+    params = SamplingParams(temperature=0.8, top_k=4, seed=8, max_new_tokens=JOINT_TOKENS)
+    exact = target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params)
+    counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, AdaptiveLength(k_max=4), JOINT_N)
+    assert_distributed_as(counts, exact.ravel(), are_counts=True, label="adaptive")
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    target = init_weights(LlamaForCausalLM(config), std=0.3, seed=1).eval()
+    other = init_weights(LlamaForCausalLM(config.replace(num_hidden_layers=1)), std=0.3, seed=2).eval()
+    return target, other
+
+
+@pytest.mark.parametrize("policy", [lambda: Scripted([0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 3]), lambda: AdaptiveLength(k_max=6)], ids=["scripted", "adaptive"])
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_greedy_output_is_identical_whatever_the_policy(llama_pair, policy, draft):
+    target, other = llama_pair
+    prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11]]
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    plain = generate_all(target, prompts, params)
+    stats = SpecStats()
+    spec = generate_all(target, prompts, params, ModelDrafter(target if draft == "self" else other), k=policy(), stats=stats)
+    assert spec == plain
+    if draft == "self":
+        assert stats.alpha_hat >= 0.98
+
+
+# ---- properties on a simulated machine (policy_sim.py), each with a negative control
+
+
+K_MAX = 8
+# (name, machine): the cost tables a CPU shows, from a cheap draft at one row to a compute-bound batch
+MACHINES = {
+    "cheap draft, high acceptance": Machine([1 + 0.12 * k for k in range(K_MAX + 1)], alpha=0.8),
+    "dearer draft, middling acceptance": Machine([1 + 0.35 * k for k in range(K_MAX + 1)], alpha=0.6),
+    "low acceptance": Machine([1 + 0.3 * k for k in range(K_MAX + 1)], alpha=0.15),
+    "compute-bound batch": Machine([1 + 0.9 * k for k in range(K_MAX + 1)], alpha=0.6, batch=16),
+}
+
+
+def _share_of_best(policy, machine: Machine, passes: int = 1500, seed: int = 0) -> float:
+    throughput, _ = run(policy, [(0, machine)], passes, seed)
+    return throughput / machine.expected_throughput(machine.best_k())
+
+
+def _near_best(machine: Machine, within: float) -> set[int]:
+    best = machine.expected_throughput(machine.best_k())
+    return {k for k in range(K_MAX + 1) if machine.expected_throughput(k) >= (1 - within) * best}
+
+
+@pytest.mark.parametrize("name", list(MACHINES))
+def test_picks_the_best_k_on_a_stationary_cost_table(name):
+    """After a start, the policy plays a k within 3% of the best on 85% of its passes, and serves at least
+    95% of the best fixed k's throughput over the whole run (its exploration included)."""
+    machine = MACHINES[name]
+    throughput, chosen = run(AdaptiveLength(k_max=K_MAX), [(0, machine)], 1500)
+    good = _near_best(machine, 0.03)
+    late = chosen[300:]
+    assert sum(k in good for k in late) >= 0.85 * len(late), (name, good, sorted(set(late)))
+    assert throughput >= 0.95 * machine.expected_throughput(machine.best_k())
+
+
+def test_negative_control_a_fixed_k_fails_the_best_k_property():
+    shares = [_share_of_best(FixedLength(4), machine) for machine in MACHINES.values()]
+    assert min(shares) < 0.95
+
+
+def test_follows_a_change_of_machine_within_500_passes():
+    """A draft that turns dear (another process on the cores, a larger batch), then cheap again: within 500
+    passes of each change the policy plays a k within 3% of the new best on 85% of its passes."""
+    cheap, dear = MACHINES["cheap draft, high acceptance"], Machine([1 + 1.2 * k for k in range(K_MAX + 1)], alpha=0.8)
+    _, chosen = run(AdaptiveLength(k_max=K_MAX), [(0, cheap), (1000, dear), (3000, cheap)], 5000)
+    for start, machine in ((1000, dear), (3000, cheap)):
+        after = chosen[start + 500:start + 2000]
+        good = _near_best(machine, 0.03)
+        assert sum(k in good for k in after) >= 0.85 * len(after), (start, good, sorted(set(after)))
+
+
+def test_negative_control_without_forgetting_the_policy_does_not_follow():
+    """The same change, with times that are never dropped and a window longer than the run: the policy keeps
+    the old machine's picture and fails the property above."""
+    cheap, dear = MACHINES["cheap draft, high acceptance"], Machine([1 + 1.2 * k for k in range(K_MAX + 1)], alpha=0.8)
+    frozen = AdaptiveLength(k_max=K_MAX, settings=PolicySettings(window=10**6, horizon=10**9))
+    _, chosen = run(frozen, [(0, dear), (1000, cheap)], 3000)
+    after, good = chosen[1500:], _near_best(cheap, 0.03)
+    assert sum(k in good for k in after) < 0.85 * len(after)
+
+
+@pytest.mark.parametrize("noise, stall", [(0.2, 0.0), (0.1, 0.02)])
+def test_costs_at_most_6_percent_against_the_best_fixed_k_under_noise(noise, stall):
+    """Lognormal noise of 20% on every pass, or 10% with one pass in 50 stalled tenfold."""
+    for name, machine in MACHINES.items():
+        noisy = Machine(machine.seconds, machine.alpha, machine.batch, noise=noise, stall=stall)
+        assert _share_of_best(AdaptiveLength(k_max=K_MAX), noisy, passes=2000, seed=3) >= 0.94, name
+
+
+def test_negative_control_a_policy_that_trusts_the_last_pass_loses_more_under_noise():
+    """choose_k on the last pass's time alone (window 1, no uncertainty): a stalled pass decides, and the
+    loss exceeds the bound above on at least one machine."""
+    naive = PolicySettings(window=1, spread_floor=0.0, prior_uncertainty=0.0, default_uncertainty=0.0)
+    shares = []
+    for machine in MACHINES.values():
+        noisy = Machine(machine.seconds, machine.alpha, machine.batch, noise=0.1, stall=0.02)
+        shares.append(_share_of_best(AdaptiveLength(k_max=K_MAX, settings=naive), noisy, passes=2000, seed=3))
+    assert min(shares) < 0.94
+
+
+def _never_pays(batch: int = 4) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """A calibration where drafting k tokens costs 2 (k + 1) plain passes: no k pays even if all are accepted."""
+    target = {b * (k + 1): 0.01 * (k + 1) for b in (1, 2, 4) for k in range(K_MAX + 1)}
+    draft = {(b, k): 0.01 * (k + 1) for b in (1, 2, 4) for k in range(1, K_MAX + 1)}
+    return target, draft
+
+
+def test_never_drafts_where_no_k_can_pay():
+    """With a calibration or a cost profile that shows no k can pay even at acceptance 1, no pass drafts."""
+    calibrated = AdaptiveLength(k_max=K_MAX)
+    calibrated.seed_costs(*_never_pays())
+    profiled = AdaptiveLength(k_max=K_MAX, prior_c=2.0, prior_r=[1.0] * (K_MAX + 1))
+    machine = Machine([0.01 * (1 + 2 * k) for k in range(K_MAX + 1)], alpha=0.95)
+    for policy in (calibrated, profiled):
+        _, chosen = run(policy, [(0, machine)], 2000)
+        assert max(chosen) == 0
+
+
+def test_negative_control_without_a_calibration_the_policy_must_measure_first():
+    """With no calibration and no profile the policy cannot know that drafting does not pay: it tries
+    (so the property above is not true of any policy), then stops."""
+    machine = Machine([0.01 * (1 + 2 * k) for k in range(K_MAX + 1)], alpha=0.95)
+    _, chosen = run(AdaptiveLength(k_max=K_MAX), [(0, machine)], 2000)
+    assert max(chosen) > 0
+    assert sum(k > 0 for k in chosen[500:]) <= 0.05 * 1500
+
+
+def test_choose_k_is_the_optimistic_argmax():
+    assert choose_k([1.0, 1.8, 2.4], [1.0, 1.2, 1.5], [0.0, 0.0, 0.0]) == 2  # 1.6 against 1.5
+    assert choose_k([1.0, 1.8, 2.4], [1.0, 1.2, 1.6], [0.0, 0.0, 0.0]) == 1  # 1.5 against 1.5: the shorter
+    assert choose_k([1.0, 1.8, 2.4], [1.0, 1.2, 1.6], [0.0, 0.0, 0.2]) == 2  # uncertain, and could be better
+    with pytest.raises(ValueError, match="one length"):
+        choose_k([1.0], [1.0, 2.0], [0.0])
+
+
+def test_policies_validate_their_arguments():
+    with pytest.raises(ValueError, match="k must be"):
+        FixedLength(-1)
+    with pytest.raises(ValueError, match="k_max"):
+        AdaptiveLength(k_max=0)
+    with pytest.raises(ValueError, match="prior_c"):
+        AdaptiveLength(prior_c=-0.1)
+    with pytest.raises(ValueError, match="prior_r"):
+        AdaptiveLength(prior_r=[1.0, 0.0])
+    for name, value in (("memory", 0), ("window", 0), ("horizon", 0), ("prior_alpha", 0.0), ("spread_floor", 1.0)):
+        with pytest.raises(ValueError, match=name):
+            PolicySettings(**{name: value})
+
+
+def test_a_float32_beta_just_above_one_is_taken_as_one():
+    """beta = sum min(p, q) in float32 reads 1 + 1e-7 for a certain token (a self draft)."""
+    policy = AdaptiveLength(k_max=4)
+    for _ in range(100):
+        policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1)
+    assert 0.99 < max(policy.alphas()) <= 1.0
+
+
+def test_passes_whose_time_says_nothing_of_the_steady_cost_are_not_timed():
+    """The first pass of a shape, a pass right after the batch size changed, and a drafting pass right after
+    a plain one (a model draft catches up there) leave the times alone; a steady pass is timed."""
+    policy = AdaptiveLength(k_max=4)
+    timed = lambda batch, k: policy.times.get(batch, k, policy.passes)  # noqa: E731
+    policy.observe(2, [1.0, 1.0], [1, 1], 0.0, 9.0)  # first pass at (1, 2)
+    assert timed(1, 2) is None
+    policy.observe(2, [1.0, 1.0], [1, 1], 0.0, 1.0)
+    assert timed(1, 2)[:2] == (1.0, 1)
+    policy.observe(0, [], [], 0.0, 0.5)  # first plain pass
+    policy.observe(2, [1.0, 1.0], [1, 1], 5.0, 1.0)  # after a plain pass: a catch-up
+    assert timed(1, 2)[:2] == (1.0, 1)
+    policy.observe(2, [2.0, 2.0], [2, 2], 0.0, 9.0, batch=2)  # first at (2, 2)
+    policy.observe(2, [1.0, 1.0], [1, 1], 0.0, 9.0, batch=1)  # right after the batch size changed
+    assert timed(1, 2)[:2] == (1.0, 1)
+
+
+def test_a_draft_that_stops_on_its_own_is_modelled_by_how_often_it_goes_on():
+    """A draft allowed 4 that always stops after 2 (a confidence stop): positions 3-4 are never proposed,
+    so the expected tokens of k = 3 and 4 equal k = 2's, and the policy does not pay for them."""
+    policy = AdaptiveLength(k_max=4)
+    for _ in range(50):
+        policy.observe(2, [1.0, 1.0], [1, 1], 0.0, 1.0, cap=4)
+    tokens, _, _ = policy.estimates()
+    assert policy.continues()[2] < 0.1
+    assert tokens[4] == pytest.approx(tokens[2], rel=0.05) and tokens[2] > tokens[1]

@@ -1,0 +1,153 @@
+"""`AdaptiveLength` (`--k auto`): the draft length from measured acceptance and measured costs.
+
+Before each iteration of B rows it asks `decision.choose_k` for the k in 0..k_max with the highest
+optimistic throughput, from:
+- tokens[k]: expected tokens per row and pass at k (theory.capped_speedups), from acceptance per draft
+  position and the chance a draft goes on past each position (`estimates.Rates`);
+- seconds[k] and its uncertainty: the median of the recent passes at (B, k) where there are some
+  (`estimates.Times`: uncertainty = spread / sqrt(n), at least `spread_floor` / sqrt(n)); else the cost
+  model's prediction, fitted to the times measured lately at B (to older ones where there are none
+  lately): a calibration's shape, else a line over k, else the profile's shape (theory's r(k+1) + k c),
+  uncertain by `prior_uncertainty` (`default_uncertainty` where only the default shape is known).
+Three kinds of pass are not timed, since their seconds say nothing of the steady cost at (B, k): the
+first pass of each shape (llama.cpp sizes its buffers), a pass right after rows joined or left, and a
+drafting pass right after plain ones (a model draft first reads every token committed meanwhile).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from ..theory import capped_speedups
+from .decision import choose_k
+from .estimates import CostShape, Rates, Times
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What `AdaptiveLength` assumes and how long it remembers; validated on construction."""
+
+    prior_alpha: float = 0.7  # acceptance at a draft position before any evidence, and where old evidence fades to
+    prior_betas: float = 2.0  # that prior counts as this many verified positions
+    memory: int = 200  # acceptance is measured over the last `memory` drafting passes
+    window: int = 9  # an iteration's time is the median of the last `window` timed passes at (batch, k)
+    horizon: int = 400  # passes after which evidence is dropped (so a k left alone is measured again)
+    spread_floor: float = 0.05  # the least relative spread of one timed pass
+    prior_uncertainty: float = 0.2  # relative uncertainty of a time predicted by a calibration or a profile
+    default_uncertainty: float = 0.5  # ... by the default shape (no calibration, no profile)
+
+    def __post_init__(self) -> None:
+        checks = {"prior_alpha": 0 < self.prior_alpha <= 1, "prior_betas": self.prior_betas > 0,
+                  "memory": isinstance(self.memory, int) and self.memory >= 1,
+                  "window": isinstance(self.window, int) and self.window >= 1,
+                  "horizon": isinstance(self.horizon, int) and self.horizon >= 1,
+                  "spread_floor": 0 <= self.spread_floor < 1, "prior_uncertainty": 0 <= self.prior_uncertainty < 1,
+                  "default_uncertainty": 0 <= self.default_uncertainty < 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name} is out of range: {getattr(self, name)!r}")
+
+
+@dataclass
+class AdaptiveLength:
+    """The adaptive draft-length policy; prior_c / prior_r / prior_batch: a cost profile (profile.py), if any."""
+
+    k_max: int = 8
+    prior_c: float | None = None
+    prior_r: tuple[float, ...] | None = None
+    prior_batch: int = 1
+    settings: PolicySettings = field(default_factory=PolicySettings)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k_max, int) or not 1 <= self.k_max <= 64:
+            raise ValueError(f"k_max must be an integer in [1, 64], got {self.k_max!r}")
+        if self.prior_c is not None and not (isinstance(self.prior_c, (int, float)) and self.prior_c >= 0):
+            raise ValueError(f"prior_c must be a number >= 0, got {self.prior_c!r}")
+        if self.prior_r is not None:
+            self.prior_r = tuple(float(x) for x in self.prior_r)
+            if not self.prior_r or any(x <= 0 for x in self.prior_r):
+                raise ValueError(f"prior_r must be positive ratios r(1), r(2), ..., got {self.prior_r!r}")
+        if not isinstance(self.prior_batch, int) or self.prior_batch < 1:
+            raise ValueError(f"prior_batch must be an integer >= 1, got {self.prior_batch!r}")
+        s = self.settings
+        self.acceptance = Rates(self.k_max, s.prior_alpha, s.prior_betas, s.memory, s.horizon)
+        self.goes_on: dict[int, Rates] = {}  # by batch size: does a draft allowed past position i propose it
+        self.times = Times(s.window, s.horizon)
+        self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
+        self.passes = 0
+        self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
+        self._last: tuple[int, int] = (0, 0)  # the previous pass's (batch, k)
+
+    # ---- estimates
+
+    def alphas(self) -> list[float]:
+        """Acceptance per draft position (conditional on the positions before it being accepted)."""
+        return self.acceptance.get(self.passes)
+
+    def continues(self, batch: int = 1) -> list[float]:
+        """Per position i, the chance that a draft allowed past i tokens, having proposed i, proposes one more.
+        At a batch size not seen, from the nearest one seen as if rows stopped independently."""
+        if not self.goes_on:
+            return [1.0] * self.k_max
+        seen = min(self.goes_on, key=lambda b: (abs(math.log(b / batch)), -b))
+        return [1.0 - (1.0 - d) ** (batch / seen) for d in self.goes_on[seen].get(self.passes)]
+
+    def estimates(self, batch: int = 1) -> tuple[list[float], list[float], list[float]]:
+        """(tokens, seconds, uncertainty) for k = 0..k_max at this batch size: the decision's inputs."""
+        s = self.settings
+        tokens = capped_speedups(self.alphas(), self.continues(batch), 0.0, [1.0] * (self.k_max + 1), self.k_max)[0]
+        seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
+        fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]
+        predicted, prior_u = self._predicted_seconds(batch, fresh or [(k, m[0]) for k, m in enumerate(seen) if m])
+        seconds, uncertainty = list(predicted), [prior_u] * (self.k_max + 1)
+        for k, m in enumerate(seen):
+            if m is not None and m[1] > 0:  # measured lately
+                seconds[k], uncertainty[k] = m[0], max(m[2], s.spread_floor) / math.sqrt(m[1])
+        return tokens, seconds, uncertainty
+
+    def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], float]:
+        """Seconds at k = 0..k_max by the cost model, fitted to the (k, seconds) known at this batch size, and
+        their uncertainty: a calibration's times scaled to the known ones; else the least-squares line over k
+        through them (two or more); else the profile's or the default shape, scaled to them."""
+        s = self.settings
+        if self.shape.source != "calibration" and len({k for k, _ in known}) >= 2:
+            mean_k = sum(k for k, _ in known) / len(known)
+            mean_t = sum(t for _, t in known) / len(known)
+            slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
+            return [max(mean_t + slope * (k - mean_k), 1e-9) for k in range(self.k_max + 1)], s.prior_uncertainty
+        shape = self.shape.seconds(batch)
+        ratios = [t / shape[k] for k, t in known if shape[k] > 0]
+        scale = statistics.median(ratios) if ratios else 1.0
+        prior_u = s.default_uncertainty if self.shape.source == "default" else s.prior_uncertainty
+        return [x * scale for x in shape], prior_u
+
+    # ---- the policy
+
+    def choose(self, batch: int = 1) -> int:
+        return choose_k(*self.estimates(batch))
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
+                batch: int = 1, cap: int | None = None) -> None:
+        cap = k if cap is None else min(max(cap, k), self.k_max)
+        last_batch, last_cap = self._last
+        timed = (batch, cap) in self._shapes and last_batch in (0, batch) and not (cap > 0 and last_cap == 0)
+        if timed:
+            self.times.add(batch, cap, draft_s + target_s, self.passes)
+        self._shapes.add((batch, cap))
+        self._last = (batch, cap)
+        self.passes += 1
+        if cap > 0:  # did the draft go on past each position it was allowed past
+            goes_on = self.goes_on.setdefault(batch, Rates(self.k_max, 1.0, self.settings.prior_betas,
+                                                            self.settings.memory, self.settings.horizon))
+            went = min(k + 1, cap)
+            goes_on.add(self.passes, [float(i < k) for i in range(went)], [1.0] * went)
+        if k > 0:
+            self.acceptance.add(self.passes, list(beta_sums[:k]), [float(n) for n in verified[:k]])
+
+    def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
+        """A calibration (profile.calibrate): t_target by the positions of a pass, t_draft by (batch, k).
+        It becomes the prior shape of an iteration's time; acceptance is untouched."""
+        self.shape.target.update(target)
+        self.shape.draft.update(draft)

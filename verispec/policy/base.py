@@ -1,0 +1,43 @@
+"""The draft-length policy protocol and the fixed policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..config import SpecConfig
+
+
+@runtime_checkable
+class DraftLengthPolicy(Protocol):
+    k_max: int
+
+    def choose(self, batch: int = 1) -> int:
+        """The draft length for the next iteration of `batch` rows, in 0..k_max."""
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
+                batch: int = 1, cap: int | None = None) -> None:
+        """After an iteration of `batch` rows that proposed k tokens: per draft position, the sum of beta over
+        the rows' verified positions and their number; the seconds spent drafting and the rest; cap: the draft
+        length chosen for it (None: k), of which a draft may propose fewer."""
+
+
+@dataclass
+class FixedLength:
+    """Always k (0: plain decoding)."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        SpecConfig(k=self.k)  # validates k
+
+    @property
+    def k_max(self) -> int:
+        return self.k
+
+    def choose(self, batch: int = 1) -> int:
+        return self.k
+
+    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
+                batch: int = 1, cap: int | None = None) -> None:
+        pass
