@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import CacheLengths
 from .kernels import Linear
 
 PREFILL_CHUNK = 512  # positions per prefill pass at most (fewer for long contexts: see prefill)
@@ -111,62 +112,6 @@ class LlamaConfig:
         attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.attention_bias else 0)
         per_layer = attn + 3 * d * f + 2 * d
         return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
-
-
-class CacheLengths:
-    """A valid length per batch row, on the device and mirrored on the host (no sync to read).
-
-    The bookkeeping every cache shares: a forward advances all rows by its T positions;
-    `rollback` lowers them to the committed lengths. Subclasses keep their per-position
-    state indexed by these lengths, so rolling back never copies that state.
-    """
-
-    def __init__(self, batch_size: int, max_length: int, device: torch.device | str):
-        self.max_length = max_length
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        self._host_lengths = [0] * batch_size
-
-    @property
-    def batch_size(self) -> int:
-        return self.lengths.shape[0]
-
-    @property
-    def host_lengths(self) -> list[int]:
-        return list(self._host_lengths)
-
-    def advance(self, num_tokens: int) -> None:
-        self.lengths += num_tokens
-        self._host_lengths = [n + num_tokens for n in self._host_lengths]
-
-    def check_rollback(self, lengths: list[int]) -> None:
-        """A rollback only lowers lengths, one per row."""
-        if len(lengths) != len(self._host_lengths):
-            raise ValueError(f"rollback needs {len(self._host_lengths)} lengths, got {len(lengths)}")
-        if any(not 0 <= new <= old for new, old in zip(lengths, self._host_lengths)):
-            raise ValueError(f"rollback lengths {lengths} must lie in [0, current lengths {self._host_lengths}]")
-
-    # A cache whose rows can leave and join (engine.Batch) offers `keep_rows(rows)` (the batch
-    # becomes the old rows `rows`, ascending, in that order) and `add_rows(count)` (empty rows
-    # after the others), moving its own per-row state; these two do the lengths.
-    def _keep_lengths(self, rows: list[int]) -> None:
-        if any(b <= a for a, b in zip(rows, rows[1:])) or any(not 0 <= r < self.batch_size for r in rows):
-            raise ValueError(f"keep_rows needs ascending rows of the batch ({self.batch_size}), got {rows}")
-        self.set_lengths([self._host_lengths[r] for r in rows])
-
-    def _add_lengths(self, count: int) -> None:
-        self.set_lengths(self._host_lengths + [0] * count)
-
-    def set_lengths(self, lengths: list[int]) -> None:
-        """Declare each row's valid length (after its state was written by other means: a row
-        started anew, a compiled step); rollback is the check-and-lower form of this."""
-        self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
-
-    def rollback(self, lengths: list[int]) -> None:
-        """Keep the first lengths[b] positions of row b; never copies the per-position state."""
-        self.check_rollback(lengths)
-        self._host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=self.lengths.device)
 
 
 class KVCache(CacheLengths):
