@@ -9,11 +9,10 @@ import os as _os
 # llama.cpp's worker threads are OpenMP threads (llama-cpp-python's build). libgomp reads how long a
 # thread spins at a barrier before it sleeps once, when it loads, and torch loads the same
 # libgomp.so.1: so it is set here, before torch is imported. Its default (300,000 spins) is fast
-# alone and ruinous beside another process on the same cores; with 1,000 spins llama.cpp keeps
-# about its idle speed alone and over 0.4x of it beside a 2-thread llama.cpp process
-# (benchmarks/shared_cpu.py, BENCHMARKS.md). Set where llama.cpp is installed (the CPU backend of
-# `auto`); torch's own CPU passes are about 0.7x as fast with it, so a user of --backend torch on
-# the CPU may set GOMP_SPINCOUNT=300000. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept.
+# alone and ruinous beside another process on the same cores, where 1,000 spins keep llama.cpp
+# near its idle speed (benchmarks/shared_cpu.py measures both). Set where llama.cpp is installed
+# (the CPU backend of `auto`); torch's own CPU passes are slower with it, so a user of --backend
+# torch on the CPU may set GOMP_SPINCOUNT=300000. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept.
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ and _util.find_spec("llama_cpp") is not None:
     _os.environ["GOMP_SPINCOUNT"] = "1000"
 

@@ -42,7 +42,7 @@ from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
 
 DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (the built-in vocabulary: 200,000)
-CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays of 16 MB at V = 8192, which malloc reuses (4096 rows: 8x slower in invariant mode, every array fresh pages)
+CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) for malloc to reuse
 COMPARED = 8  # prompts of the comparisons (b) and (c)
 
 

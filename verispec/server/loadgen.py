@@ -183,13 +183,11 @@ def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[i
     requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
     batch size new to it); then `repeats` sweeps, each one measured round of every mode at every
     level, so that a level's rounds are spread over the whole run: a server process can run
-    slower than the others for minutes (on a 2-core VM, the same passes of one server took
-    26.6-30.9 ms in 5 of 6 rounds of one level, interleaved within seconds with another
-    server's 23.2-23.6, and 22.4-23.6 ms in both once restarted), and a level whose rounds all
-    fell in such a stretch read it as that mode's speed. By default a round sends
-    max(16, 2 * concurrency) requests (at one request a round of 8 lasted ~4 s, and whole rounds
-    of every mode scattered 10-20% on a busy 2-core host); each round of a level starts one mode
-    later than the one before, so that no mode always runs right after the same other."""
+    slower than the others for minutes, and a level whose rounds all fell in such a stretch would
+    read it as that mode's speed. By default a round sends max(16, 2 * concurrency) requests, so
+    that a round lasts long enough to average over a busy host's moments; each round of a level
+    starts one mode later than the one before, so that no mode always runs right after the same
+    other."""
     levels, modes, rounds = [], list(servers.items()), {c: 0 for c in concurrency}
 
     def round_(c: int, warmup: bool) -> None:
