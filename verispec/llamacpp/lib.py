@@ -74,7 +74,7 @@ def set_exact_kernels(on: bool) -> None:
       position per sequence take another kernel than those of several);
     - a placeholder after a one-token pass (`LlamaCppModel.shape_invariant`): llamafile's sgemm
       (f32, f16, bf16, IQ4_NL, ...) takes passes of 2 positions or more, and flash attention splits
-      one query's cells over the threads from 512 cells on (`context.Context.single_pad`).
+      one query's cells over the threads from 512 cells on (context.py's placeholder rule).
     Off: llama.cpp's defaults for the kernels (repacking, the tiled product) and attention without
     flash attention, as before; faster on some types, exact only where the measured deviation is 0.
     """
