@@ -284,7 +284,7 @@ class LlamaCppCache(CacheLengths):
             library().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
         self.seqs = kept
 
-    def reserve_row(self) -> "LlamaCppCache":
+    def reserve_row(self) -> LlamaCppCache:
         """A one-row cache on a free sequence, for a prompt prefilled piece by piece before its
         request joins (`adopt_row`: the batch's last row, nothing copied; `release_row`)."""
         self._reserved = getattr(self, "_reserved", set())
@@ -299,12 +299,12 @@ class LlamaCppCache(CacheLengths):
         self._reserved.add(seq)
         return view
 
-    def adopt_row(self, view: "LlamaCppCache") -> None:
+    def adopt_row(self, view: LlamaCppCache) -> None:
         self._reserved.discard(view.seqs[0])
         self.seqs = self.seqs + view.seqs
         self._host_lengths = self._host_lengths + view.host_lengths
 
-    def release_row(self, view: "LlamaCppCache") -> None:
+    def release_row(self, view: LlamaCppCache) -> None:
         self._reserved.discard(view.seqs[0])
         library().llama_memory_seq_rm(self.context.memory, view.seqs[0], 0, -1)
 
