@@ -22,10 +22,10 @@ from pathlib import Path
 
 VERISPEC = r"""
 import json, statistics, sys, time, torch
-from verispec.models import llamacpp
+from verispec import llamacpp
 llamacpp.set_exact_kernels(sys.argv[1] == "on")
 from verispec import ModelDrafter, SamplingParams, generate_all
-from verispec.models.llamacpp import LlamaCppModel
+from verispec.llamacpp import LlamaCppModel
 target, draft = LlamaCppModel(sys.argv[2]), LlamaCppModel(sys.argv[3])
 draft.shape_invariant = False
 prompts, new = json.loads(sys.argv[4]), int(sys.argv[5])
@@ -50,8 +50,8 @@ print(json.dumps(out))
 
 PEER = r"""
 import json, sys, time
-from verispec.models.llamacpp import _llama
-_llama()  # the same library state as verispec's (on a CPU with AMX: no AMX buffers, which crash there)
+from verispec.llamacpp.lib import library
+library()  # the same library state as verispec's (on a CPU with AMX: no AMX buffers, which crash there)
 from llama_cpp import Llama
 llm = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=2, n_threads_batch=2, verbose=False)
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from verispec.models.gguf_convert import cached_gguf
-    from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel
+    from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
     from verispec.pair import DRAFT_DIR
 
     draft = str(cached_gguf(DRAFT_DIR, "f32"))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from verispec import AdaptiveLength, ModelDrafter, PromptLookupDrafter, SamplingParams, generate_all
 from verispec.models.gguf_convert import cached_gguf
-from verispec.models.gguf_quantize import quantize
-from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, set_exact_kernels
+from verispec.llamacpp.quantize import quantize
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, set_exact_kernels
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 
 

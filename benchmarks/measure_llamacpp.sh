@@ -11,7 +11,7 @@ prompts=${PROMPTS:-8}; new=${NEW:-128}; repeats=${REPEATS:-3}
 mkdir -p "$out/gguf"
 read -r target draft < <(python -c "from verispec.pair import TARGET_DIR, DRAFT_DIR; print(TARGET_DIR, DRAFT_DIR)")
 log="$out/log.txt"
-{ date -u; lscpu | grep -E "Model name|^Flags"; python -c "from verispec.models.llamacpp import system_info; print(system_info())"; } > "$log"
+{ date -u; lscpu | grep -E "Model name|^Flags"; python -c "from verispec.llamacpp import system_info; print(system_info())"; } > "$log"
 for type in f32 q8_0; do
     verispec convert --model "$target" --out "$out/gguf/target-$type.gguf" --type "$type" >> "$log"
     verispec convert --model "$draft" --out "$out/gguf/draft-$type.gguf" --type "$type" >> "$log"

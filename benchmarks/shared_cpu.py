@@ -34,7 +34,7 @@ import json, sys, time
 import verispec  # before torch: verispec sets how long OpenMP threads spin, which libgomp reads once, when torch loads it
 import torch
 from verispec import SamplingParams, generate_all
-from verispec.models.llamacpp import LlamaCppModel
+from verispec.llamacpp import LlamaCppModel
 path, new, threads = sys.argv[1], int(sys.argv[2]), (int(sys.argv[3]) or None)
 model = LlamaCppModel(path, n_threads=threads)
 prompt = list(range(100, 120))
@@ -47,7 +47,7 @@ print(json.dumps({"tok_s": len(tokens) / (time.perf_counter() - start)}))
 COMPETITOR = r"""
 import sys
 from verispec import SamplingParams, generate_all
-from verispec.models.llamacpp import LlamaCppModel
+from verispec.llamacpp import LlamaCppModel
 model = LlamaCppModel(sys.argv[1], n_threads=2)
 while True:
     generate_all(model, [list(range(50, 70))], SamplingParams(temperature=0, max_new_tokens=200), None, k=0)

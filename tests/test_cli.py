@@ -225,7 +225,7 @@ def test_generate_help_says_what_target_draft_and_stop_take(capsys):
 
 
 def test_threads_above_the_cores_are_capped_with_one_line(pair, capsys):
-    from verispec.models.llamacpp import default_threads, unavailable
+    from verispec.llamacpp import default_threads, unavailable
 
     if unavailable() is not None:
         pytest.skip("llama.cpp does not run here")
@@ -238,22 +238,23 @@ def test_threads_above_the_cores_are_capped_with_one_line(pair, capsys):
 
 
 def test_exact_kernels_off_in_a_process_that_runs_them_on_is_one_line(pair, capsys):
-    from verispec.models.llamacpp import LlamaCppModel, _llama, unavailable
+    from verispec.llamacpp import LlamaCppModel, unavailable
+    from verispec.llamacpp.lib import library
 
     if unavailable() is not None:
         pytest.skip("llama.cpp does not run here")
-    _llama()  # this process's llama.cpp is initialised with exact kernels (the default)
+    library()  # this process's llama.cpp is initialised with exact kernels (the default)
     target, draft = pair
     code = main(["generate", "hi", "--target", str(target), "--backend", "llamacpp", "--exact-kernels", "off", "--max-new-tokens", "2"])
     assert code == 2 and "--exact-kernels off: this process already runs llama.cpp with the other setting" in capsys.readouterr().err
     assert LlamaCppModel.__init__  # nothing else changed: the setting stays on
-    from verispec.models.llamacpp import exact_kernels
+    from verispec.llamacpp import exact_kernels
 
     assert exact_kernels()
 
 
 def test_exact_kernels_off_runs_llama_cpps_default_kernels_in_a_fresh_process(pair):
-    from verispec.models.llamacpp import unavailable
+    from verispec.llamacpp import unavailable
 
     if unavailable() is not None:
         pytest.skip("llama.cpp does not run here")
@@ -266,7 +267,7 @@ def test_exact_kernels_off_runs_llama_cpps_default_kernels_in_a_fresh_process(pa
 
 
 def test_convert_quantizes_a_gguf_and_a_directory_with_llama_cpps_quantizer(tmp_path, capsys):
-    from verispec.models.llamacpp import LlamaCppModel, unavailable
+    from verispec.llamacpp import LlamaCppModel, unavailable
 
     if unavailable() is not None:
         pytest.skip("llama.cpp does not run here")

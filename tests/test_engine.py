@@ -23,7 +23,7 @@ from stats_helpers import (
 )
 
 import verispec.drafters.model as model_drafter_module
-import verispec.engine as engine_module
+import verispec.step as step_module
 import verispec.rejection as rejection_module
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
@@ -129,8 +129,8 @@ def test_negative_control_draft_declares_raw_q(markov, monkeypatch):
 def test_negative_control_target_left_at_default_settings(markov, monkeypatch):
     """vLLM #9834: the target's p computed with default settings while the draft used the request's."""
     target, drafts = markov
-    rule = engine_module._rule
-    monkeypatch.setattr(engine_module, "_rule", lambda scores, ids, probs, sampling, starts: rule(scores, ids, probs, _DefaultSettings(sampling), starts))
+    rule = step_module.verify_batch
+    monkeypatch.setattr(step_module, "verify_batch", lambda scores, ids, probs, sampling, starts: rule(scores, ids, probs, _DefaultSettings(sampling), starts))
     params = SamplingParams(**TOPK, seed=6, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, 4, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from verispec import AdaptiveLength, ModelDrafter, PromptLookupDrafter, SamplingParams, generate_all
-from verispec.models.deviation import pass_shape_deviation
+from verispec.llamacpp.deviation import pass_shape_deviation
 from verispec.models.gguf_convert import convert
-from verispec.models.gguf_quantize import QUANT_TYPES, quant_type, quantize
-from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, unavailable
+from verispec.llamacpp.quantize import QUANT_TYPES, quant_type, quantize
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, unavailable
 from verispec.models.toy import make_toy_pair
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="llama.cpp does not run here")
@@ -76,8 +76,8 @@ def test_without_the_placeholder_and_flash_attention_the_pass_shape_shows(files)
 def test_with_exact_kernels_off_a_k_quant_depends_on_the_pass_shape(files):
     """The negative control for the process-wide settings (repacking, ggml's tiled K-quant product):
     a fresh process with them at llama.cpp's defaults measures a gap on Q4_K_M."""
-    code = ("import json, sys; from verispec.models import llamacpp; llamacpp.set_exact_kernels(False); "
-            "from verispec.models.deviation import pass_shape_deviation; from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel; "
+    code = ("import json, sys; from verispec import llamacpp; llamacpp.set_exact_kernels(False); "
+            "from verispec.llamacpp.deviation import pass_shape_deviation; from verispec.llamacpp import GGUFTokenizer, LlamaCppModel; "
             f"m = LlamaCppModel(sys.argv[1], n_threads=2); t = GGUFTokenizer(m); "
             f"print(json.dumps(pass_shape_deviation(m, [t.encode(x * 3).ids for x in {TEXTS!r}]).largest))")
     done = subprocess.run([sys.executable, "-c", code, str(files["Q4_K_M"])], capture_output=True, text=True, timeout=300, check=True)
@@ -155,9 +155,9 @@ def test_past_flash_attentions_split_the_pass_shape_still_does_not_matter(files,
 def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monkeypatch):
     """The negative control of the one above: no placeholder at any position on a file whose
     one-token kernels agree (Q4_K_M: measured so), and the split shows at 300 tokens."""
-    from verispec.models import llamacpp
+    from verispec.llamacpp import context
 
-    monkeypatch.setattr(llamacpp, "_SPLIT_KV_FROM", 10**9)
+    monkeypatch.setattr(context, "SPLIT_KV_FROM", 10**9)
     model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
     contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
     cache = model.new_cache(1, 8)

@@ -159,7 +159,7 @@ def gguf(tmp_path_factory, target):
     """The target (2 layers) and the model draft (1 layer, seed 12) as GGUF files on llama.cpp."""
     from verispec.models.checkpoint import save_pretrained
     from verispec.models.gguf_convert import convert
-    from verispec.models.llamacpp import LlamaCppModel
+    from verispec.llamacpp import LlamaCppModel
 
     directory = tmp_path_factory.mktemp("gguf")
     models = {}
@@ -217,7 +217,7 @@ def test_greedy_output_equals_plain_greedy_on_llama_cpp(target, gguf, made, plai
     assert stats.proposed > 0
 
 
-# The compiled step (models/llamacpp_step.py, csrc/llama_step.c) runs the rule itself at a
+# The compiled step (llamacpp/step.py, llamacpp/llama_step.c) runs the rule itself at a
 # temperature with no top-k, top-p or min-p: the same test, on that setting, through it.
 TEMPERATURE_ONLY = dict(temperature=0.8)
 
@@ -232,7 +232,7 @@ COMPILED_CHUNK = LLAMACPP_CHUNK  # rows per call (the compiled step takes B * (k
 
 def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: int, n: int, monkeypatch):
     """Joint counts through the compiled step, which must be the one running every chunk."""
-    from verispec.models.llamacpp_step import CompiledStep
+    from verispec.llamacpp import CompiledStep
 
     made, maybe = [], CompiledStep.maybe
     monkeypatch.setattr(CompiledStep, "maybe", classmethod(lambda cls, *args: made.append(maybe(*args)) or made[-1]))

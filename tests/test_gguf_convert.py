@@ -279,9 +279,9 @@ def llama_cpp():
 
 
 def llama(llama_cpp, path, vocab_only=False):
-    from verispec.models.llamacpp import _llama
+    from verispec.llamacpp.lib import library
 
-    _llama()  # llama.cpp set up as verispec sets it up (models/llamacpp.py: no AMX buffers where they fault)
+    library()  # llama.cpp set up as verispec sets it up (llamacpp/lib.py: no AMX buffers where they fault)
     if vocab_only:
         return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     return llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=1,

@@ -1,4 +1,4 @@
-"""The llama.cpp backend (`verispec.models.llamacpp`): a GGUF file behind the model protocol.
+"""The llama.cpp backend (`verispec.llamacpp`): a GGUF file behind the model protocol.
 
 - Cache contract: a forward after a rollback gives the logits of a fresh prefill of the
   committed tokens; rows of a batch are independent (ragged prefill, per-row rollback).
@@ -22,7 +22,8 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.checkpoint import CheckpointError, load_pretrained, load_tokenizer
 from verispec.models.gguf_convert import cached_gguf, convert
-from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel, _llama, unavailable
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, unavailable
+from verispec.llamacpp.lib import library
 from verispec.models.toy import make_toy_pair
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.sampling import RowSampling
@@ -92,7 +93,7 @@ def test_rows_on_sequences_out_of_order_give_each_row_its_own_results(toy_model)
     in row order: logits, argmax and a draft's greedy continuation (logits at some positions
     only) equal those of the same rows on sequences 0, 1, 2. The prompts differ, so a result
     left in sequence order would land on the wrong row."""
-    from verispec.models.llamacpp import _by_sequence
+    from verispec.llamacpp.context import _by_sequence
 
     assert _by_sequence(np.array([0, 0, 1, 2])) is None
     assert _by_sequence(np.array([2, 2, 0, 1, 0])).tolist() == [2, 4, 3, 0, 1]  # stable: a row's positions keep their order
@@ -137,13 +138,13 @@ def test_rows_with_gaps_between_their_sequences_leave_the_gaps_as_they_were(toy_
     assert context._fill_gaps(np.array([2, 3, 4]), np.array([5, 5, 5])) is None and context._fill_gaps(np.array([1]), np.array([0])) is None
     assert context._fill_gaps(np.repeat([0, 2], [30, 4]), np.r_[np.arange(30), np.arange(4)]) is None  # two prompts: padding would not pay
     assert torch.allclose(toy_model(new, cache), expected, atol=1e-3, rtol=0)
-    last = [_llama().llama_memory_seq_pos_max(context.memory, seq) for seq in (1, 3, 4)]
+    last = [library().llama_memory_seq_pos_max(context.memory, seq) for seq in (1, 3, 4)]
     assert last == [-1, 2, -1]
 
 
 def test_ubatches_count_as_llama_cpps_split_equal():
     """Runs of consecutive sequences with tokens, each ubatch the fewest tokens any has left."""
-    from verispec.models.llamacpp import _ubatches
+    from verispec.llamacpp.context import _ubatches
 
     assert _ubatches(np.array([2, 2, 2]), 512) == 1
     assert _ubatches(np.array([2, 1, 2]), 512) == 3  # one token from each, then sequences 0 and 2 apart: one each
@@ -166,7 +167,7 @@ def test_rows_with_unequal_tokens_and_a_gap_decode_as_alone(toy_model):
         alone = toy_model.new_cache(1, 64)
         toy_model.prefill([prompt], alone)
         assert torch.equal(drafted[row], toy_model.greedy_continuation(ids[row : row + 1, :count], [count], 3, alone)[0])
-    ends = [_llama().llama_memory_seq_pos_max(cache.context.memory, seq) + 1 for seq in (0, 1, 2, 3)]
+    ends = [library().llama_memory_seq_pos_max(cache.context.memory, seq) + 1 for seq in (0, 1, 2, 3)]
     assert ends == [5 + 2 + 2, 0, 2 + 1 + 2, 4 + 2 + 2] == [cache.host_lengths[0], 0, *cache.host_lengths[1:]]
 
 

@@ -1,4 +1,4 @@
-"""The compiled greedy iteration on llama.cpp (`verispec.models.llamacpp_step`, csrc/llama_step.c).
+"""The compiled greedy iteration on llama.cpp (`verispec.llamacpp.step`, llamacpp/llama_step.c).
 
 The engine's Python path (`greedy_continuation`, `forward_argmax`, `verify_greedy`, both
 rollbacks) is the reference: with the built-in pair on llama.cpp the compiled step must commit
@@ -17,9 +17,9 @@ import pytest
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
-from verispec.models import llamacpp_step
+from verispec.llamacpp import step as llamacpp_step
 from verispec.models.gguf_convert import cached_gguf
-from verispec.models.llamacpp import GGUFTokenizer, LlamaCppModel
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.sampling import RowSampling
 from verispec.stats import SpecStats
@@ -120,7 +120,7 @@ def test_rows_that_stop_at_different_steps_give_each_row_its_own_greedy_tokens(p
 
 def _fresh_load(monkeypatch, tmp_path):
     monkeypatch.setattr(llamacpp_step, "_status", "not loaded")
-    monkeypatch.setattr(llamacpp_step, "_function", None)
+    monkeypatch.setattr(llamacpp_step, "_library", None)
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
 
 
@@ -140,7 +140,9 @@ def test_without_the_compiled_step_the_python_path_runs_and_says_why(monkeypatch
     else:
         monkeypatch.setenv("VERISPEC_LLAMA_STEP", "0")
     params = SamplingParams(temperature=0, max_new_tokens=20)
-    assert target.compiled_step(None, ModelDrafter(draft), RowSampling(params, 1), prompts[:1], 4) is None
+    drafter = ModelDrafter(draft)
+    drafter.start(prompts[:1], 64)
+    assert target.compiled_step(target.new_cache(1, 64), drafter, RowSampling(params, 1), prompts[:1], 4) is None
     status = llamacpp_step.step_status()
     assert ("no C compiler" in status and "using the Python path" in capsys.readouterr().err) if setting == "no compiler" else "disabled" in status
     assert _run(target, draft, prompts[:1], params, 4)[0] == generate_all(target, prompts[:1], params)

@@ -441,10 +441,10 @@ def test_acceptance_probability_deterministic_drafter_is_p_at_proposal():
 
 @pytest.mark.parametrize("declared_q", ["one-hot", "soft", "none"])
 def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
-    """engine._rule at temperature 0 (verify_greedy on the target's argmax ids, which
-    engine._score hands it, and beta = q(argmax)) gives the general rule's output, acceptance
+    """verify_batch at temperature 0 (verify_greedy on the target's argmax ids, which
+    step.score hands it, and beta = q(argmax)) gives the general rule's output, acceptance
     count and beta on one-hot p, whatever q is declared."""
-    from verispec.engine import _rule
+    from verispec.rejection import verify_batch
 
     generator = torch.Generator().manual_seed(3)
     batch, k, vocab = 64, 4, 7
@@ -460,7 +460,7 @@ def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
     else:
         q = None
     params = SamplingParams(temperature=0)
-    output, accepted, beta = _rule(argmax, draft, q, RowSampling(params, batch), [0] * batch)
+    output, accepted, beta = verify_batch(argmax, draft, q, RowSampling(params, batch), [0] * batch)
     p = process_logits(logits, params)
     expected_output, expected_accepted = verify(draft, q, p, generator)
     assert torch.equal(output, expected_output) and torch.equal(accepted, expected_accepted)

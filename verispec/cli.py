@@ -373,7 +373,7 @@ def _load(path: str, args: argparse.Namespace, dtype):
 def _threads(args: argparse.Namespace) -> int | None:
     """--threads, capped at the cores this process may use (said once), after --exact-kernels is
     applied: both are llama.cpp settings of the whole process, fixed before its first model."""
-    from .models import llamacpp
+    from . import llamacpp
 
     try:
         llamacpp.set_exact_kernels(getattr(args, "exact_kernels", "on") == "on")
@@ -424,7 +424,7 @@ def _say_deviation(target) -> None:
     (measured once per file, build and setting: models/deviation.py); nothing when they do not."""
     if not hasattr(target, "shape_invariant"):
         return
-    from .models.deviation import startup_deviation
+    from .llamacpp.deviation import startup_deviation
 
     found = startup_deviation(target)
     if found.largest > 0:
@@ -628,7 +628,7 @@ def _generate(args: argparse.Namespace) -> int:
         if isinstance(getattr(drafter, "model", None), torch.nn.Module):
             calibrate(drafter.model, len(prompt_ids) * 2)
     elif drafter is not None:
-        from .models.llamacpp_step import step_status
+        from .llamacpp import step_status
 
         step_status()  # build (once) the compiled step now, not inside the timed run
     plain_step_s = None
@@ -827,8 +827,7 @@ def _profile(args: argparse.Namespace) -> int:
     if isinstance(target, torch.nn.Module):
         engine = f"{args.dtype}, {kernel_status()}"
     else:
-        from .models.llamacpp import system_info
-        from .models.llamacpp_step import step_status
+        from .llamacpp import step_status, system_info
 
         engine = f"llama.cpp, {target.config.description}, {target.n_threads} threads; {system_info()}; {step_status()}"
     print(f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket {profile.context_length}; {engine}")
@@ -942,7 +941,7 @@ def _peer_llamacpp(args: argparse.Namespace) -> int:
     import json
 
     from .models.backend import gguf_file
-    from .models.llamacpp import unavailable
+    from .llamacpp import unavailable
     from .analysis.peer_llamacpp import run_llamacpp_peer_bench
 
     reason = unavailable()
@@ -1089,7 +1088,7 @@ def _convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         if is_gguf(args.model):
-            from .models.gguf_quantize import quantize
+            from .llamacpp.quantize import quantize
 
             path = quantize(args.model, args.out, args.type)
         else:

@@ -1,19 +1,20 @@
 """The draft -> verify -> commit loop over a batch of token-id prompts.
 
-Owns: `generate` (a streaming generator of committed tokens) and `generate_all`.
+Owns: `Batch` (requests decoding together, joining and leaving between passes), `generate` (a
+streaming generator of committed tokens) and `generate_all`.
 One iteration: the drafter proposes k tokens per row; the target scores the pending token
-and the k proposals in one pass ([B, k+1] positions); `verify` keeps a prefix of each row
-and adds a recovered or bonus token; the caches roll back to the committed lengths; the
-new tokens are cut at max_new_tokens and at a stop token, then yielded. k = 0 (or no
+and the k proposals in one pass ([B, k+1] positions); `verify_batch` keeps a prefix of each row
+and adds a recovered or bonus token; the new tokens are cut at max_new_tokens and at a stop
+token; the caches roll back to the committed lengths; the tokens are yielded. k = 0 (or no
 drafter) is plain autoregressive decoding through the same code: the baseline. Each row has
 its own sampling settings, budget, stop tokens and random stream (`sampling.RowSampling`).
 
 The target's cache holds every committed token but the last one, which is "pending" and is
 the first input of the next pass. One host synchronisation per iteration (the output
-tokens, acceptance counts and beta, in one transfer). A target may offer `compiled_step`
-(llama.cpp with a llama.cpp draft: models/llamacpp_step.py), which runs propose, score, rule
-and both rollbacks as one call; the bookkeeping here is the same for both. Knows nothing of
-text.
+tokens, acceptance counts and beta, in one transfer). The iteration itself is a `step.Step`,
+chosen once when a batch starts: the target's `compiled_step` where it offers one that applies
+(llama.cpp with a llama.cpp draft or none: llamacpp/step.py, one compiled call), else
+`step.PythonStep`; the bookkeeping here is the same for both. Knows nothing of text.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from .config import SamplingParams
 from .policy import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .models.rows import extend_rows, prefill_rows
-from .rejection import acceptance_probability, verify, verify_greedy
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
+from .step import Iteration, PythonStep, Step, sync
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -62,11 +63,6 @@ def check_context(target, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         raise ValueError(f"the prompt ({length} tokens) plus max_new_tokens ({budget}) exceeds the model's context of {context} positions")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":  # timings only mean something once queued work is done
-        torch.cuda.synchronize(device)
-
-
 def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tuple[list[int], str | None]:
     """Committed tokens of one row, cut at the budget and after the first stop token."""
     tokens = tokens[:budget]
@@ -74,69 +70,6 @@ def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tup
         if token in stop_token_ids:
             return tokens[: i + 1], "stop"
     return tokens, ("length" if len(tokens) == budget else None)
-
-
-def _score(target, input_ids: torch.Tensor, cache, sampling: RowSampling, logits: bool = False) -> torch.Tensor:
-    """The target's pass over input_ids [B, k+1], as the rule needs it: when every row is at
-    temperature 0 (and `logits` is not asked for) the argmax ids [B, k+1] (`forward_argmax`
-    where the model offers it: no logits tensor); else the raw logits [B, k+1, V]."""
-    if sampling.greedy and not logits:
-        forward_argmax = getattr(target, "forward_argmax", None)
-        return forward_argmax(input_ids, cache) if forward_argmax is not None else target(input_ids, cache).argmax(dim=-1)
-    return target(input_ids, cache)
-
-
-def _rule(
-    scores: torch.Tensor,  # [B, k+1] the target's argmax ids (every row greedy), else [B, k+1, V] its raw logits
-    draft_token_ids: torch.Tensor,  # [B, k]
-    draft_probs: torch.Tensor | None,  # [B, k, V] or None
-    sampling: RowSampling,
-    start_lengths: list[int],  # row b's pass predicts positions start_lengths[b] + 1 ..
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The accept-reject rule on one pass, each row by its own settings: (output [B, k+1],
-    num_accepted [B], beta [B, k]).
-
-    At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
-    `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
-    general path without its [B, k+1, V] work. Invariant rows take the same path on the
-    target's invariant choices (beta is then whether each proposal was its token). The other
-    rows run `verify`, each drawing from its own stream; with a deterministic drafter (q
-    one-hot) a row then keeps only the numbers of the tokens it commits, one each, so it
-    commits the tokens of plain sampling with its seed, whatever was proposed."""
-    batch, k = draft_token_ids.shape
-    if scores.dim() == 2:  # every row greedy: the argmax ids
-        output, num_accepted = verify_greedy(draft_token_ids, scores)
-        if draft_probs is None:  # q one-hot at the proposal
-            return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
-        return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
-    if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
-        raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
-    target_probs = sampling.process(scores)  # [B, k+1, V]
-    rejection = sampling.rows("rejection")
-    streams = sampling.streams
-    drawn = streams.counters.clone() if draft_probs is None else None  # [B] numbers each row had drawn (coupled form only)
-    if len(rejection) == batch:  # the common case: no row to pick out
-        output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
-        if draft_probs is None:  # coupled form: one number per committed token, the rest unread
-            streams.counters = drawn + num_accepted + 1
-        return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
-    positions = torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)  # [B, k+1]
-    target_ids = sampling.draw(target_probs, positions, modes=("invariant",))  # [B, k+1]: argmax or invariant choice
-    output, num_accepted = verify_greedy(draft_token_ids, target_ids)
-    beta = (draft_token_ids == target_ids[:, :k]).float()  # [B, k]
-    if draft_probs is not None:  # greedy rows: beta = q(argmax)
-        greedy = torch.tensor(sampling.rows("greedy"), dtype=torch.long, device=scores.device)
-        beta[greedy] = draft_probs[greedy].gather(-1, target_ids[greedy, :k, None]).squeeze(-1)
-    if rejection:
-        index = torch.tensor(rejection, device=scores.device)
-        q = None if draft_probs is None else draft_probs[index]
-        p = target_probs[index]
-        rows_output, rows_accepted = verify(draft_token_ids[index], q, p, streams.select(rejection))
-        output[index], num_accepted[index] = rows_output, rows_accepted
-        if q is None:
-            streams.counters[index] = drawn[index] + rows_accepted + 1
-        beta[index] = acceptance_probability(draft_token_ids[index], q, p)
-    return output, num_accepted, beta
 
 
 @dataclass
@@ -225,16 +158,16 @@ class Batch:
             drafter.start(prompts, self.max_length)
         if isinstance(policy, FixedLength) and policy.k > 0 and hasattr(drafter, "prefill"):
             drafter.prefill()  # it will draft at once: read the prompts now, timed as prefill
-        _sync(device)
+        sync(device)
         self.stats.prefill_time_s += time.perf_counter() - self.started
         self.pending_ids = [p[-1] for p in prompts]
         self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
-        # A model may run the whole iteration itself (llama.cpp with a llama.cpp draft or none: one compiled call); None otherwise.
-        self.compiled = (target.compiled_step(self.cache, drafter, self.sampling, prompts, policy.k_max)
-                         if compiled and hasattr(target, "compiled_step") else None)
+        # The iteration, chosen once: the target's own (one compiled call) where it offers one that applies.
+        offer = getattr(target, "compiled_step", None) if compiled else None
+        chosen = offer(self.cache, drafter, self.sampling, prompts, policy.k_max) if offer is not None else None
+        self.stepper: Step = chosen if chosen is not None else PythonStep(target, self.cache, drafter, self.sampling, device)
         # Rows can leave and join when every per-row state can move them; else finished rows stay in place.
-        self.can_change_rows = (self.compiled is None and hasattr(self.cache, "keep_rows")
-                                and (drafter is None or getattr(drafter, "can_change_rows", False)))
+        self.can_change_rows = self.stepper.can_change_rows
         if empty:
             if not self.can_change_rows:
                 raise ValueError("this target's cache or this drafter cannot take requests during a batch (keep_rows, add_rows)")
@@ -269,11 +202,11 @@ class Batch:
             self.active[row] = False
         if not rows:
             return
-        if self.compiled is not None:
-            self.compiled.retire(rows)
-        elif self.can_change_rows:
+        if self.can_change_rows:
             gone = set(rows)
             self._keep([row for row in range(len(self.ids)) if row not in gone])
+        else:
+            self.stepper.retire(rows)
 
     @torch.no_grad()
     def join(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], ids: Sequence,
@@ -307,7 +240,7 @@ class Batch:
         if self.drafter is not None:
             self.drafter.add_rows(prompts)
         self._append(prompts, params, ids, logprobs)
-        _sync(self.device)
+        sync(self.device)
         self.stats.prefill_time_s += time.perf_counter() - started
 
     # A long prompt read piece by piece before its request joins (the server's chunked prefill,
@@ -338,7 +271,7 @@ class Batch:
         if staged.draft_view is not None:
             extend_rows(self.drafter.model, staged.draft_view, ids)
         staged.fed += ids.shape[1]
-        _sync(self.device)
+        sync(self.device)
         self.stats.prefill_time_s += time.perf_counter() - started
 
     def release(self, staged: Staged) -> None:
@@ -389,48 +322,28 @@ class Batch:
     def step(self) -> dict:
         """One target pass over the running rows: {id: tokens newly committed} for each of
         them ([] for none). Rows that finish here are in `finished` and leave the batch."""
-        policy, drafter, target, sampling, cache = self.policy, self.drafter, self.target, self.sampling, self.cache
-        batch, device, stats = len(self.ids), self.device, self.stats
+        policy, drafter, sampling = self.policy, self.drafter, self.sampling
+        device, stats = self.device, self.stats
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
         k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
         if k > 0 and getattr(drafter, "joined_unread", 0):  # rows joined since the last drafting pass: the draft reads them now
             started = time.perf_counter()
             drafter.read_joined()
-            _sync(device)
+            sync(device)
             stats.prefill_time_s += time.perf_counter() - started
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
-        logprobs: dict = {}
-        if self.compiled is not None:  # propose, score, rule and both rollbacks (as if every active row goes on)
-            committed, accepted, betas, k, draft_s = self.compiled.step(k)
-            t1, t2 = t0 + draft_s, time.perf_counter()
-            rows = list(zip(committed, accepted, betas))
-        else:
-            if drafter is not None:
-                draft_token_ids, draft_probs = drafter.propose(k, sampling)  # [B, k], [B, k, V]
-                k = draft_token_ids.shape[1]  # a drafter may propose fewer (prompt lookup with no match)
-            else:
-                draft_token_ids, draft_probs = self.pending.new_zeros(batch, 0), None
-            _sync(device)
-            t1 = time.perf_counter()
-            start_lengths = cache.host_lengths
-            wanted = [row for row, (n, on) in enumerate(zip(self.logprobs, self.active)) if n is not None and on]
-            scores = _score(target, torch.cat([self.pending[:, None], draft_token_ids], dim=1), cache, sampling, bool(wanted))  # [B, k+1(, V)]
-            _sync(device)
-            t2 = time.perf_counter()
-            output, num_accepted, beta = _rule(scores, draft_token_ids, draft_probs, sampling, start_lengths)  # [B, k+1], [B], [B, k]
-            host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()  # the sync (float64: ids exact)
-            logprobs = self._logprobs(scores, output, wanted) if wanted else {}
-            accepted = [int(row[k + 1]) for row in host]
-            rows = [([int(t) for t in values[: n + 1]], n, values[k + 2 :]) for values, n in zip(host, accepted)]
-        stats.draft_time_s += t1 - t0
-        stats.target_time_s += t2 - t1
-
+        wanted = {row: n for row, (n, on) in enumerate(zip(self.logprobs, self.active)) if n is not None and on}
+        done = Iteration(*self.stepper.run(k, self.pending, wanted))
+        k, accepted = done.k, done.accepted
+        stats.draft_time_s += done.draft_s
+        stats.target_time_s += done.target_s
+        t1 = t0 + done.draft_s
         chunk: dict = {}
         finished: list[int] = []  # rows that stop at this step
         beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
-        for row, ((tokens, n, beta_row), request) in enumerate(zip(rows, self.requests)):
+        for row, (tokens, n, beta_row, request) in enumerate(zip(done.tokens, accepted, done.beta, self.requests)):
             if not self.active[row]:
                 continue
             request.observe(k, n, beta_row)
@@ -442,41 +355,22 @@ class Batch:
             request.generated_tokens += len(tokens)
             request.finish_reason = reason
             chunk[self.ids[row]] = tokens
-            if self.compiled is None and row in logprobs:
-                self.last_logprobs[self.ids[row]] = logprobs[row][: len(tokens)]
+            if row in done.logprobs:
+                self.last_logprobs[self.ids[row]] = done.logprobs[row][: len(tokens)]
             if reason is not None:
                 finished.append(row)
         self.last_k = k  # for a server's metrics: this pass's k and each request's accepted count
         self.last_accepted = {self.ids[row]: n for row, n in enumerate(accepted) if self.active[row]}
-        if self.compiled is None:
-            # Roll back to the committed tokens; a row that is not running keeps its old length (rows
-            # stay in place where they cannot leave: their contents no longer matter, and their
-            # caches must not grow while others go on). The recovered or bonus token of each row is pending now.
-            done = set(finished)
-            live = [on and row not in done for row, on in enumerate(self.active)]
-            cache.rollback([n + 1 + a if on else n for n, a, on in zip(start_lengths, accepted, live)])
-            self.pending_ids = [int(values[a]) if on else old for values, a, on, old in zip(host, accepted, live, self.pending_ids)]
-            self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
-            if drafter is not None:
-                drafter.commit(accepted, self.pending, live)  # rows not running: ignored
+        # The recovered or bonus token of each row that goes on is pending now; the caches and the
+        # drafter roll back to the committed tokens (the compiled step did so itself).
+        gone = set(finished)
+        live = [on and row not in gone for row, on in enumerate(self.active)]
+        self.pending_ids = [tokens[-1] if on else old for tokens, on, old in zip(done.tokens, live, self.pending_ids)]
+        self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
+        self.stepper.commit(accepted, self.pending, live)
         self._leave(finished)
         policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1, batch=rows_now, cap=cap)
         return chunk
-
-    def _logprobs(self, scores: torch.Tensor, output: torch.Tensor, rows: list[int]) -> dict[int, list[tuple[float, dict[int, float]]]]:
-        """For each row in rows: (log p(token), {alternative: log p}) at every position of output
-        [B, k+1] (-1 past the committed tokens), from the raw logits scores [B, k+1, V]."""
-        index = torch.tensor(rows, device=scores.device)
-        logp = torch.log_softmax(scores[index].float(), dim=-1)  # [R, k+1, V]
-        chosen = logp.gather(-1, output[index].clamp_min(0)[..., None]).squeeze(-1).tolist()  # [R][k+1]
-        top_n = max(self.logprobs[row] for row in rows)
-        top = logp.topk(top_n, dim=-1) if top_n else None
-        values, ids = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
-        out = {}
-        for i, row in enumerate(rows):
-            n = self.logprobs[row]
-            out[row] = [(chosen[i][j], dict(zip(ids[i][j][:n], values[i][j][:n])) if n else {}) for j in range(output.shape[1])]
-        return out
 
     def close(self) -> None:
         """Add every request to stats in id order (integer ids; else in the order they ended; those

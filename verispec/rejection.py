@@ -16,6 +16,10 @@ n tokens needs only the first n of them: the engine's per-row streams then give 
 deterministic drafter the tokens of plain sampling with the same seed, whatever it proposed.
 Greedy (one-hot p) reduces to "accept while the draft equals the target's argmax, then emit
 the argmax".
+
+`verify` is the rule on a batch of rows that share their settings; `verify_batch` is the rule
+as the engine runs it on one target pass, each row by its own settings and random stream (and
+llamacpp/llama_step.c's `verispec_rule` its compiled mirror, tested against it).
 Pure tensor functions: no loops over rows or positions, no host synchronisation.
 """
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import Generators, sample, uniform
+from .sampling import Generators, RowSampling, sample, uniform
 
 
 def verify(
@@ -79,6 +83,59 @@ def verify_greedy(
     positions = torch.arange(k + 1, device=num_accepted.device)  # [k+1]
     output = torch.where(positions <= num_accepted[:, None], target_token_ids, -1)  # accepted tokens equal the argmax
     return output, num_accepted
+
+
+def verify_batch(
+    scores: torch.Tensor,  # [B, k+1] the target's argmax ids (every row greedy), else [B, k+1, V] its raw logits
+    draft_token_ids: torch.Tensor,  # [B, k]
+    draft_probs: torch.Tensor | None,  # [B, k, V] or None
+    sampling: RowSampling,
+    start_lengths: list[int],  # [B] row b's pass predicts positions start_lengths[b] + 1 ..
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The accept-reject rule on one pass, each row by its own settings: (output [B, k+1],
+    num_accepted [B], beta [B, k]).
+
+    At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
+    `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
+    general path without its [B, k+1, V] work. Invariant rows take the same path on the
+    target's invariant choices (beta is then whether each proposal was its token). The other
+    rows run `verify`, each drawing from its own stream; with a deterministic drafter (q
+    one-hot) a row then keeps only the numbers of the tokens it commits, one each, so it
+    commits the tokens of plain sampling with its seed, whatever was proposed."""
+    batch, k = draft_token_ids.shape
+    if scores.dim() == 2:  # every row greedy: the argmax ids
+        output, num_accepted = verify_greedy(draft_token_ids, scores)
+        if draft_probs is None:  # q one-hot at the proposal
+            return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
+        return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
+    if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
+        raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
+    target_probs = sampling.process(scores)  # [B, k+1, V]
+    rejection = sampling.rows("rejection")
+    streams = sampling.streams
+    drawn = streams.counters.clone() if draft_probs is None else None  # [B] numbers each row had drawn (coupled form only)
+    if len(rejection) == batch:  # the common case: no row to pick out
+        output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
+        if draft_probs is None:  # coupled form: one number per committed token, the rest unread
+            streams.counters = drawn + num_accepted + 1
+        return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
+    positions = torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)  # [B, k+1]
+    target_ids = sampling.draw(target_probs, positions, modes=("invariant",))  # [B, k+1]: argmax or invariant choice
+    output, num_accepted = verify_greedy(draft_token_ids, target_ids)
+    beta = (draft_token_ids == target_ids[:, :k]).float()  # [B, k]
+    if draft_probs is not None:  # greedy rows: beta = q(argmax)
+        greedy = torch.tensor(sampling.rows("greedy"), dtype=torch.long, device=scores.device)
+        beta[greedy] = draft_probs[greedy].gather(-1, target_ids[greedy, :k, None]).squeeze(-1)
+    if rejection:
+        index = torch.tensor(rejection, device=scores.device)
+        q = None if draft_probs is None else draft_probs[index]
+        p = target_probs[index]
+        rows_output, rows_accepted = verify(draft_token_ids[index], q, p, streams.select(rejection))
+        output[index], num_accepted[index] = rows_output, rows_accepted
+        if q is None:
+            streams.counters[index] = drawn[index] + rows_accepted + 1
+        beta[index] = acceptance_probability(draft_token_ids[index], q, p)
+    return output, num_accepted, beta
 
 
 def _at(probs: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

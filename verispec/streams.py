@@ -6,7 +6,7 @@ wrap around as uint64 does), `to_unit` (53 random bits -> a float64 in [0, 1)) a
 of a splitmix64 generator started at key_b (= splitmix64 of the row's seed), so drawing n
 numbers for every row of a batch is one tensor expression, and a row's numbers depend on its
 seed and on how many it drew before, never on the other rows. The same generator runs per
-row in the compiled step (csrc/llama_step.c) and keys the invariant noise (invariant.py).
+row in the compiled step (llamacpp/llama_step.c) and keys the invariant noise (invariant.py).
 Knows nothing of models or speculation.
 """
 

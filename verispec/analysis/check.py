@@ -13,7 +13,7 @@ Owns `run_check` and its four parts, each a pass/fail with the numbers behind it
     where a row of (b) or (c) differs, the plain row's top two scores (log p + G, or logits) at
     the first difference are compared with the engine's measured pass-shape deviation δ (the
     largest logit gap between one-position and multi-position passes over these contexts,
-    `models.deviation`): a gap the deviation can move (4δ/T for log p + G, 2δ for logits) is
+    `llamacpp.deviation`): a gap the deviation can move (4δ/T for log p + G, 2δ for logits) is
     numerics and is reported, not failed; a larger gap is blamed on the rule and fails;
 (d) the negative control: (a) again at its least accepted position with a planted bug
     (the recovered token drawn from p instead of normalize(max(p - q, 0))) must fail.
@@ -37,7 +37,7 @@ from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
 from ..config import SamplingParams
 from ..engine import generate_all
 from ..invariant import choose
-from ..models.deviation import pass_shape_deviation
+from ..llamacpp.deviation import pass_shape_deviation
 from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
 
@@ -69,7 +69,7 @@ class CheckReport:
     invariant: dict | None = None  # (b): rows compared, rows equal
     greedy: dict | None = None  # (c)
     control: dict | None = None  # (d)
-    deviation: dict | None = None  # the engine's pass-shape deviation over the contexts (models.deviation)
+    deviation: dict | None = None  # the engine's pass-shape deviation over the contexts (llamacpp.deviation)
     seconds: float = 0.0
 
     @property
@@ -190,7 +190,7 @@ def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_
     deviation = pass_shape_deviation(target, prompts[:COMPARED])
     report.deviation = {**asdict(deviation), "largest": deviation.largest}
     if getattr(target, "shape_invariant", False):  # llama.cpp with exact kernels: what its default settings would give
-        from ..models.deviation import default_settings_deviation
+        from ..llamacpp.deviation import default_settings_deviation
 
         say("pass-shape deviation under llama.cpp's default kernels (--exact-kernels off), in a fresh process")
         report.deviation["llama_cpp_defaults"] = default_settings_deviation(target, prompts[:COMPARED])

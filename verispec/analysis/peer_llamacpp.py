@@ -36,8 +36,7 @@ from ..policy import AdaptiveLength
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
-from ..models.llamacpp import GGUFTokenizer, LlamaCppModel
-from ..models.llamacpp_step import step_status
+from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
 from .profile import profile_costs
 from ..stats import SpecStats
 

@@ -19,15 +19,34 @@ rows `rows`, ascending, remain, in that order, each as it stands) and `add_rows(
 requests after the other rows, their prompts committed), each called after the target's cache
 did the same (so a drafter that shares it sees it done). Without them a batch keeps its
 finished rows in place and takes no new ones.
+
+Optional, for a target that runs whole iterations itself (llamacpp/step.py's compiled step): a
+drafter whose proposals are exactly its own draft model's (the argmax at temperature 0, a draw
+from q = the processed logits otherwise) offers `own_model()`, that model with its cache and
+pending tokens (`OwnModel`), or None. A target's compiled step reads it once, at the start of a
+batch, and from then on runs propose and commit itself: the drafter's own state is not kept
+up to date after.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from ..sampling import RowSampling
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """A drafter's own draft model as it stands between two steps (`own_model()`)."""
+
+    model: object  # the draft model (the model protocol)
+    cache: object  # its own cache, row b the batch's row b
+    pending: torch.Tensor  # [B, P] long: row b's first pending_count[b] tokens are committed, unread by the model
+    pending_count: list[int]  # [B]
+    confidence_threshold: float  # drafting stops once every running row's top q is below it (0: off)
 
 
 @runtime_checkable

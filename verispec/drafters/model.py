@@ -23,6 +23,7 @@ import torch
 from ..models.llama import KVCache
 from ..models.rows import prefill_rows
 from ..sampling import RowSampling
+from .base import OwnModel
 
 
 class ModelDrafter:
@@ -58,6 +59,14 @@ class ModelDrafter:
         self.pending_count = [len(p) for p in prompts]
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
         self._unread: list[list[int] | None] = [None] * len(prompts)  # per row: a joined prompt's body the cache has not read (add_rows)
+
+    def own_model(self) -> OwnModel | None:
+        """The draft model, its cache and pending tokens, for a target that runs whole iterations
+        itself (drafters/base.py); None before `start` and for a subclass, whose proposals or
+        commits may be its own (early exit reads the target's cache)."""
+        if type(self) is not ModelDrafter or self.cache is None:
+            return None
+        return OwnModel(self.model, self.cache, self.pending, list(self.pending_count), self.confidence_threshold)
 
     @property
     def can_change_rows(self) -> bool:

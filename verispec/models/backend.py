@@ -52,7 +52,7 @@ def load(
     if is_gguf(path):
         if backend == "torch":
             raise CheckpointError(f"{path}: a GGUF file runs on llama.cpp (--backend llamacpp or auto), not on torch")
-        from .llamacpp import LlamaCppModel
+        from ..llamacpp import LlamaCppModel
 
         return LlamaCppModel(path, n_threads), None
     if backend == "torch" or (backend == "auto" and torch.device(device).type != "cpu"):
@@ -60,7 +60,7 @@ def load(
     why_not = _llamacpp_unavailable(device)
     if why_not is None:
         from .gguf_convert import cached_gguf
-        from .llamacpp import LlamaCppModel
+        from ..llamacpp import LlamaCppModel
 
         try:
             return LlamaCppModel(cached_gguf(path, gguf_type), n_threads), None
@@ -88,7 +88,7 @@ def gguf_file(path: str | Path, gguf_type: str = "f32") -> Path:
 def _llamacpp_unavailable(device: str | torch.device) -> str | None:
     if torch.device(device).type != "cpu":
         return f"the device is {device} (the llama.cpp backend runs on the CPU here)"
-    from .llamacpp import unavailable
+    from ..llamacpp import unavailable
 
     return unavailable()
 
@@ -98,7 +98,7 @@ def load_text_tokenizer(path: str | Path, model):
     tokenizer), or a directory's tokenizer.json (also for a directory converted to GGUF: the
     conversion keeps its ids, tested). None when a directory has no tokenizer.json."""
     if is_gguf(path):
-        from .llamacpp import GGUFTokenizer
+        from ..llamacpp import GGUFTokenizer
 
         return GGUFTokenizer(model)
     return load_tokenizer(path)

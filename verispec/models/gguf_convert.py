@@ -76,8 +76,8 @@ def convert(model_dir: str | Path, out_path: str | Path, type: str = "f32", *, _
 
     type = type.lower()
     model_dir, out_path = Path(model_dir), Path(out_path)
-    if type in QUANTIZED_TYPES:  # f32 first, then llama.cpp's quantizer (models/gguf_quantize.py)
-        from .gguf_quantize import quantize
+    if type in QUANTIZED_TYPES:  # f32 first, then llama.cpp's quantizer (llamacpp/quantize.py)
+        from ..llamacpp.quantize import quantize
 
         out_path.parent.mkdir(parents=True, exist_ok=True)
         plain = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.f32.tmp")
@@ -115,7 +115,7 @@ def convert(model_dir: str | Path, out_path: str | Path, type: str = "f32", *, _
 def cached_gguf(model_dir: str | Path, type: str = "f32", cache_dir: str | Path | None = None) -> Path:
     type = type.lower()
     if type in QUANTIZED_TYPES:  # llama.cpp's quantizer, from the cached f32 file
-        from .gguf_quantize import quantize
+        from ..llamacpp.quantize import quantize
 
         source = cached_gguf(model_dir, "f32", cache_dir)
         path = source.with_name(source.name.replace("-f32.gguf", f"-{type}.gguf"))

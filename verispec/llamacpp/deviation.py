@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch
 
+from ..models.kernels import cache_root
+from .lib import exact_kernels, system_info
+
 
 @dataclass(frozen=True)
 class Deviation:
@@ -81,8 +84,6 @@ def _synthetic_context(vocab_size: int, length: int = 40) -> list[int]:
 def startup_deviation(model) -> Deviation:
     """`pass_shape_deviation` on two fixed contexts, remembered in the cache directory per
     (file, its size and time, llama.cpp's build line, the process's kernel settings)."""
-    from .kernels import cache_root
-    from .llamacpp import exact_kernels, system_info
 
     path = Path(model.path)
     stat = path.stat()
@@ -104,9 +105,9 @@ def startup_deviation(model) -> Deviation:
 
 _DEFAULTS_CHILD = """
 import json, sys
-from verispec.models import llamacpp
+from verispec import llamacpp
 llamacpp.set_exact_kernels(False)
-from verispec.models.deviation import pass_shape_deviation
+from verispec.llamacpp.deviation import pass_shape_deviation
 model = llamacpp.LlamaCppModel(sys.argv[1], n_threads=int(sys.argv[2]))
 print(json.dumps(pass_shape_deviation(model, json.load(open(sys.argv[3]))).largest))
 """

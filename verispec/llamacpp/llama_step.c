@@ -1,7 +1,7 @@
 /* One speculative iteration on two llama.cpp contexts, in one call from Python.
  *
- * The iteration of verispec's engine with a ModelDrafter (engine.py, rejection.py and
- * sampling.py are the reference; verispec/models/llamacpp_step.py loads this file):
+ * The iteration of verispec's engine with a ModelDrafter (engine.py, step.py, rejection.py and
+ * sampling.py are the reference; llamacpp/step.py loads this file):
  * the draft reads its pending tokens and proposes up to k tokens, stopping early once every
  * row's top draft probability is below p_min; the target scores [pending, x_1..x_k] in one
  * llama_decode; the accept-reject rule keeps a prefix of each row and adds the recovered or
@@ -14,14 +14,15 @@
  * u_i q_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q_i, 0)
  * (p_i where that has no mass), after k acceptances from p_{k+1} (rejection.verify). Draws
  * are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as sampling.sample
- * with one generator per row: a row's numbers never depend on the other rows.
+ * with one generator per row: a row's numbers never depend on the other rows. The rule itself is
+ * `verispec_rule`, exported so that a test runs it beside rejection.verify_batch on the same logits and numbers.
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
  * ids: an inactive row between two active ones gets placeholder tokens (removed after the pass),
  * so that llama.cpp runs the batch as one ubatch. A pass of one token gets a second placeholder
  * with logits after it: always with invariant == 2 (this file's one-token kernels differ), from
  * position SPLIT_KV_FROM on with invariant == 1 (flash attention's split of one query's cells).
- * A position's logits then come from the same kernels whatever the pass holds (llamacpp.py, `_Context.decode`, does the same).
+ * A position's logits then come from the same kernels whatever the pass holds (context.py, `Context.decode`, does the same).
  *
  * Compiled with -ffast-math (the reductions and expf vectorize only with reassociation; logits
  * are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
@@ -37,7 +38,7 @@
 #include <time.h>
 
 #define TOO_MANY_TOKENS (-1) /* a batch would exceed its capacity: nothing was changed */
-#define SPLIT_KV_FROM 240   /* as llamacpp.py's _SPLIT_KV_FROM */
+#define SPLIT_KV_FROM 240   /* as context.py's SPLIT_KV_FROM */
 
 static double now(void) {
     struct timespec t;
@@ -101,13 +102,13 @@ static float softmax(const float *x, int32_t n, float temperature, float *probs)
     return norm; /* exp(0) / sum */
 }
 
-/* One draw in proportion to weights[n] (nonnegative, positive total): the first token whose
- * running sum (double) exceeds u * total; the last token of positive weight if rounding leaves
+/* One draw in proportion to weights[n] (nonnegative, positive total) with u in [0, 1): the first token
+ * whose running sum (double) exceeds u * total; the last token of positive weight if rounding leaves
  * none. A token of weight 0 is never drawn. */
-static int32_t draw(const float *weights, int32_t n, uint64_t *rng) {
+static int32_t draw(const float *weights, int32_t n, double u) {
     double total = 0.0, running = 0.0;
     for (int32_t i = 0; i < n; i++) total += weights[i];
-    const double point = uniform(rng) * total;
+    const double point = u * total;
     int32_t last = 0;
     for (int32_t i = 0; i < n; i++) {
         if (weights[i] <= 0.0f) continue;
@@ -125,58 +126,110 @@ static int32_t decode(struct llama_context *ctx, llama_batch *batch, double *sec
     return status;
 }
 
-/* The rule for one row at temperature > 0 (rejection.verify): writes the committed tokens to
- * output, beta_i = sum min(p_i, q_i) for each verified position; returns num_accepted.
- * logits(i) is the target's row for position i; q[i * n ..] the draft's distributions. */
-static int32_t rule(struct llama_context *target, int32_t first, int32_t drafted, const int32_t *proposals,
-                    const float *q, int32_t n, float temperature, float *p, float *residual, uint64_t *rng,
-                    int32_t *output, double *beta) {
+/* A uniform number of the rule: given[role] when the caller gives them (a test: the roles of
+ * rejection.verify, role i for the test of position i and role `drafted` for the recovered or bonus
+ * draw), else the row's next number (the step: the tests of positions 0..n in turn, then the draw). */
+static double number(const double *given, int32_t role, uint64_t *rng) { return given ? given[role] : uniform(rng); }
+
+/* The accept-reject rule for one row (rejection.verify_batch on one row; exported for the tests that
+ * compare the two). logits[i] is the target's raw logits row [vocab] for position i (0..drafted),
+ * proposals[i] the draft's token x_i.
+ * temperature == 0: accepted while x_i is the target's argmax; the argmax follows (rejection.verify_greedy);
+ * beta_i = 1 where accepted, 0 at the first rejection (q one-hot at x_i, p one-hot at the argmax).
+ * temperature > 0: p_i = softmax(logits[i] / T), q_i = draft_probs[i * vocab ..]; x_i is accepted while
+ * u_i q_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q_i, 0) (p_i where that
+ * has no mass), after all from p_drafted (rejection.verify); beta_i = sum min(p_i, q_i). scratch holds
+ * 2 * vocab floats. Random numbers: `number` (rng advances by those drawn; none at temperature 0).
+ * Writes output[0..n] (the accepted proposals, then the recovered or bonus token) and beta[0..min(n, drafted - 1)]
+ * (the verified positions); returns n, the number accepted. */
+int32_t verispec_rule(const float *const *logits, const int32_t *proposals, const float *draft_probs, int32_t drafted,
+                      int32_t vocab, float temperature, float *scratch, uint64_t *rng, const double *given,
+                      int32_t *output, double *beta) {
+    if (temperature <= 0.0f) {
+        int32_t n = 0;
+        for (;; n++) {
+            output[n] = argmax(logits[n], vocab, 0);
+            if (n == drafted || output[n] != proposals[n]) break;
+            beta[n] = 1.0;
+        }
+        if (n < drafted) beta[n] = 0.0;
+        return n;
+    }
+    float *p = scratch, *residual = scratch + vocab;
     for (int32_t i = 0; i < drafted; i++) {
-        softmax(llama_get_logits_ith(target, first + i), n, temperature, p);
-        const float *qi = q + (size_t)i * n;
+        softmax(logits[i], vocab, temperature, p);
+        const float *qi = draft_probs + (size_t)i * vocab;
         double overlap = 0.0;
-        for (int32_t t = 0; t < n; t++) overlap += p[t] < qi[t] ? p[t] : qi[t];
+        for (int32_t t = 0; t < vocab; t++) overlap += p[t] < qi[t] ? p[t] : qi[t];
         beta[i] = overlap;
         const int32_t x = proposals[i];
-        if (uniform(rng) * qi[x] < (double)p[x]) { /* u < p/q, compared in double without dividing */
+        if (number(given, i, rng) * qi[x] < (double)p[x]) { /* u < p/q, compared in double without dividing */
             output[i] = x;
             continue;
         }
         float mass = 0.0f;
-        for (int32_t t = 0; t < n; t++) {
+        for (int32_t t = 0; t < vocab; t++) {
             residual[t] = p[t] > qi[t] ? p[t] - qi[t] : 0.0f;
             mass += residual[t];
         }
-        output[i] = draw(mass > 0.0f ? residual : p, n, rng); /* the recovered token */
+        output[i] = draw(mass > 0.0f ? residual : p, vocab, number(given, drafted, rng)); /* the recovered token */
         return i;
     }
-    softmax(llama_get_logits_ith(target, first + drafted), n, temperature, p);
-    output[drafted] = draw(p, n, rng); /* the bonus token */
+    softmax(logits[drafted], vocab, temperature, p);
+    output[drafted] = draw(p, vocab, number(given, drafted, rng)); /* the bonus token */
     return drafted;
 }
 
-/* Returns the number of proposals made (0..k; 0 when k == 0: a plain step), TOO_MANY_TOKENS,
- * or -1000 - llama_decode's status (the caches are then in an unknown state). draft (and
- * its batch and arrays) may be NULL: plain decoding, k == 0 only.
- *
- * Row b, when active: draft_pending[b * width ..] holds draft_count[b] tokens the draft has
- * not read, which it reads at draft_length[b]..; target_pending[b] is read by the target at
- * target_length[b]. On return output[b * (k + 1) ..] holds the committed tokens (num_accepted[b]
- * proposals, then the target's token), beta[b * k ..] (temperature > 0) the acceptance
- * probability of each verified position, and the lengths, pending tokens and counts describe
- * the caches after rollback. With k == 0 the draft reads nothing: the committed token joins
- * its pending tokens (width must leave room). At temperature > 0, draft_probs holds
- * rows * k * V floats and scratch 2 * V (V: the vocabulary, the same for both models).
- * seconds[0] and [1] grow by the time inside the draft's and the target's llama_decode. */
-int32_t verispec_step(
-    struct llama_context *draft, llama_batch *draft_batch, struct llama_context *target, llama_batch *target_batch,
-    int32_t capacity, int32_t rows, const uint8_t *active, int32_t k, float p_min, float temperature, uint64_t *rng,
-    float *draft_probs, float *scratch, double *beta,
-    int32_t *draft_pending, int32_t width, int32_t *draft_count, int32_t *draft_length,
-    int32_t *target_pending, int32_t *target_length,
-    int32_t *proposals, /* [rows, k] */
-    int32_t *output,    /* [rows, k + 1] */
-    int32_t *num_accepted, double *seconds, int32_t invariant) {
+/* verispec_step's argument: the two contexts, their batches, and the arrays both sides read and write
+ * (llamacpp/step.py mirrors it as a ctypes.Structure, field by field; keep the two in the same order).
+ * Row b, when active: draft_pending[b * width ..] holds draft_count[b] tokens the draft has not read,
+ * which it reads at draft_length[b]..; target_pending[b] is read by the target at target_length[b]. */
+struct verispec_step_args {
+    struct llama_context *draft;  /* the draft's context, or NULL: plain decoding (k == 0 only) */
+    llama_batch *draft_batch;     /* the draft's batch, `capacity` tokens (NULL without a draft) */
+    struct llama_context *target; /* the target's context */
+    llama_batch *target_batch;    /* the target's batch, `capacity` tokens */
+    int32_t capacity;             /* tokens one batch holds: a step that needs more returns TOO_MANY_TOKENS */
+    int32_t rows;                 /* rows of the batch; row b is llama.cpp sequence b in both contexts */
+    const uint8_t *active;        /* [rows] 0: the row takes no part (it finished) */
+    int32_t k;                    /* proposals wanted this step (0: a plain step) */
+    float p_min;                  /* the confidence threshold: drafting stops once every row's top q is below it */
+    float temperature;            /* 0: greedy; > 0: softmax(logits / T), no other filter */
+    uint64_t *rng;                /* [rows] each row's splitmix64 state (streams.RowStreams: key + drawn * gamma) */
+    float *draft_probs;           /* [rows, k, V] q of every proposal (temperature > 0) */
+    float *scratch;               /* [2 * V] p and the residual of one position (temperature > 0) */
+    double *beta;                 /* [rows, k] out: sum min(p, q) at each verified position */
+    int32_t *draft_pending;       /* [rows, width] in/out: tokens the draft has not read */
+    int32_t width;                /* columns of draft_pending */
+    int32_t *draft_count;         /* [rows] in/out: how many of them */
+    int32_t *draft_length;        /* [rows] in/out: the draft cache's length */
+    int32_t *target_pending;      /* [rows] in/out: the token the target reads next */
+    int32_t *target_length;       /* [rows] in/out: the target cache's length */
+    int32_t *proposals;           /* [rows, k] out: the draft's tokens */
+    int32_t *output;              /* [rows, k + 1] out: the committed tokens (num_accepted[b] proposals, then one) */
+    int32_t *num_accepted;        /* [rows] out */
+    double *seconds;              /* [2] grow by the time inside the draft's and the target's llama_decode */
+    int32_t invariant;            /* 0: ordinary passes; 1, 2: shape-invariant passes (placeholders; see above) */
+};
+
+/* One iteration. Returns the number of proposals made (0..k; 0 when k == 0: a plain step),
+ * TOO_MANY_TOKENS (nothing was changed), or -1000 - llama_decode's status (the caches are then in
+ * an unknown state). On return output, num_accepted and beta hold the outcome of every active row
+ * and the lengths, pending tokens and counts describe the caches after rollback. With k == 0 the
+ * draft reads nothing: the committed token joins its pending tokens (width must leave room). */
+int32_t verispec_step(const struct verispec_step_args *a) {
+    struct llama_context *draft = a->draft, *target = a->target;
+    llama_batch *draft_batch = a->draft_batch, *target_batch = a->target_batch;
+    const int32_t rows = a->rows, k = a->k, width = a->width;
+    const uint8_t *active = a->active;
+    const float p_min = a->p_min, temperature = a->temperature;
+    uint64_t *rng = a->rng;
+    float *draft_probs = a->draft_probs;
+    int32_t *draft_pending = a->draft_pending, *draft_count = a->draft_count, *draft_length = a->draft_length;
+    int32_t *target_pending = a->target_pending, *target_length = a->target_length;
+    int32_t *proposals = a->proposals, *output = a->output, *num_accepted = a->num_accepted;
+    double *seconds = a->seconds;
+    int32_t invariant = a->invariant; /* a copy: this step may turn it off for itself */
     if (!draft && k > 0) return TOO_MANY_TOKENS; /* no draft: plain steps only */
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
@@ -195,7 +248,7 @@ int32_t verispec_step(
         if (!active[b] && target_length[b] + k + 1 > n_ctx_seq) invariant = 0;
     if (invariant && lo == hi && target_length[lo] + 2 > n_ctx_seq) invariant = 0;
     const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
-    if (span * (k + 1) + 1 > capacity || (k > 0 && first > capacity)) return TOO_MANY_TOKENS;
+    if (span * (k + 1) + 1 > a->capacity || (k > 0 && first > a->capacity)) return TOO_MANY_TOKENS;
 
     /* Draft: each row's pending tokens (logits at the last), then k - 1 single tokens. */
     for (int32_t i = 0; i < k; i++) {
@@ -218,7 +271,7 @@ int32_t verispec_step(
             if (sampled) {
                 float *q = draft_probs + ((size_t)b * k + i) * draft_vocab;
                 top = softmax(logits, draft_vocab, temperature, q);
-                proposals[b * k + i] = draw(q, draft_vocab, rng + b);
+                proposals[b * k + i] = draw(q, draft_vocab, uniform(rng + b));
             } else {
                 proposals[b * k + i] = argmax(logits, draft_vocab, p_min > 0 ? &top : 0);
             }
@@ -255,17 +308,11 @@ int32_t verispec_step(
             if (invariant && b > lo && b < hi) llama_memory_seq_rm(target_memory, b, target_length[b], -1);
             continue;
         }
-        const int32_t at = at_of[b];
-        int32_t n = 0;
-        if (sampled) {
-            n = rule(target, at, drafted, proposals + b * k, draft_probs + (size_t)b * k * vocab, vocab, temperature,
-                     scratch, scratch + vocab, rng + b, output + b * (k + 1), beta + b * k);
-        } else {
-            for (;; n++) {
-                output[b * (k + 1) + n] = argmax(llama_get_logits_ith(target, at + n), vocab, 0);
-                if (n == drafted || output[b * (k + 1) + n] != proposals[b * k + n]) break;
-            }
-        }
+        const float *logits[drafted + 1]; /* the target's rows for [pending, x_1..x_drafted] */
+        for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
+        const float *q = sampled ? draft_probs + (size_t)b * k * vocab : 0;
+        const int32_t n = verispec_rule(logits, proposals + b * k, q, drafted, vocab,
+                                        temperature, a->scratch, rng + b, 0, output + b * (k + 1), a->beta + b * k);
         const int32_t token = output[b * (k + 1) + n];
         num_accepted[b] = n;
         target_length[b] += 1 + n;

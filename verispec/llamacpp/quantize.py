@@ -15,6 +15,9 @@ import os
 import uuid
 from pathlib import Path
 
+from ..models.checkpoint import CheckpointError
+from .lib import clear_log, default_threads, library, log_tail
+
 # llama-quantize's names (case-insensitive here) -> llama.cpp's LLAMA_FTYPE_* suffix
 QUANT_TYPES = {
     "F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16",
@@ -37,25 +40,22 @@ def quantize(source: str | Path, out: str | Path, type: str, threads: int | None
     """Write the GGUF `source` as `out` in `type` with llama.cpp's quantizer. A file already in a
     quantized type is requantized (as `llama-quantize --allow-requantize`): quality is then that
     of two roundings, which the caller should say."""
-    from .checkpoint import CheckpointError
-    from .llamacpp import _llama, _log, default_threads
-
     ftype = QUANT_TYPES[quant_type(type)]
     source, out = Path(source), Path(out)
     if not source.is_file():
         raise CheckpointError(f"{source}: no such GGUF file")
-    lib = _llama()
+    lib = library()
     params = lib.llama_model_quantize_default_params()
     params.ftype = getattr(lib, f"LLAMA_FTYPE_{ftype}")
     params.nthread = threads or default_threads()
     params.allow_requantize = True
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    _log.clear()
+    clear_log()
     try:
         status = lib.llama_model_quantize(str(source).encode(), str(temp).encode(), params)
         if status != 0:
-            raise CheckpointError(f"{source}: llama.cpp could not quantize it to {type}: {' / '.join(_log[-2:]) or f'status {status}'}")
+            raise CheckpointError(f"{source}: llama.cpp could not quantize it to {type}: {log_tail() or f'status {status}'}")
         os.replace(temp, out)
     finally:
         temp.unlink(missing_ok=True)

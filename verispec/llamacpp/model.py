@@ -1,0 +1,290 @@
+"""A GGUF file on llama.cpp (llama-cpp-python's C API) behind verispec's model protocol.
+
+Owns `LlamaCppModel` (a GGUF file as a target or a draft: `vocab_size`, `device`, `new_cache`,
+`prefill`, `forward(input_ids [B, T], cache) -> float32 logits [B, T, V]`, `forward_argmax`,
+`greedy_continuation`, and `compiled_step`, the offer of step.CompiledStep to the engine) and
+`GGUFConfig`. llama.cpp does the passes: its kernels, quantized formats and threads. The engine
+gets logits for every position, as from any other model, and does the sampling and the
+accept-reject rule itself. A context freed by a cache is kept by its model and reused by the
+next cache that fits (one `llama_memory_clear`), so a `generate` call does not pay for a new
+context. Caches and batches are context.py's; loading the library is lib.py's. Knows nothing of
+sampling or speculation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.checkpoint import CheckpointError
+from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
+from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
+from .step import CompiledStep
+
+_SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}  # matrices llamafile's sgemm takes from 2 columns on
+
+@dataclass(frozen=True)
+class GGUFConfig:
+    """What the engine and the tools read from a model's config, for a GGUF file."""
+
+    num_parameters: int
+    size_bytes: int  # the weights llama.cpp reads per pass
+    max_position_embeddings: int  # the training context
+    eos_token_id: int | None
+    bos_token_id: int | None
+    description: str  # llama.cpp's one-line description: architecture, size, type
+
+
+class _Weights:
+    """A loaded llama_model. Every context made from it holds a reference, so it is freed only
+    after the model object and all its contexts are gone (whatever order Python finalizes them in)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():  # at exit llama.cpp's library may be unloaded already: the OS frees all
+            library().llama_model_free(self.handle)
+
+
+class LlamaCppModel:
+    """A GGUF file on llama.cpp with verispec's model interface (a target, or inside ModelDrafter).
+
+    `forward(input_ids [B, T], cache)` writes positions cache.lengths .. +T-1 of every row and
+    returns float32 logits [B, T, V]; without a cache it scores whole sequences from position 0.
+    `n_threads` defaults to the cores this process may use (`default_threads`) and is capped
+    there (more threads than cores only wait for each other). `kv_type` is
+    the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
+    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3; attention then runs
+    without flash attention, whose f32 cache llama.cpp casts to f16, so its passes are not
+    shape-invariant: docs/EXACTNESS.md).
+    """
+
+    device = torch.device("cpu")
+    dtype = torch.float32  # of the logits; the weights are whatever the GGUF holds
+
+    def __init__(self, path: str | Path, n_threads: int | None = None, kv_type: str = "f16"):
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        reason = unavailable()
+        if reason is not None:
+            raise CheckpointError(f"{path}: cannot run on llama.cpp: {reason}")
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such GGUF file")
+        lib = library()
+        params = lib.llama_model_default_params()
+        if exact_kernels():
+            params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
+        # a draft may turn it off before its first cache (its logits need not be invariant); an f32 KV cache runs
+        # attention without flash attention (llama.cpp casts it to f16 for that), so its passes are not invariant
+        self.shape_invariant = exact_kernels() and kv_type == "f16"
+        clear_log()
+        handle = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not handle:
+            raise CheckpointError(f"{path}: llama.cpp cannot load it: {log_tail() or 'unknown error'}")
+        self.weights = _Weights(handle)
+        self.path = path
+        self.n_threads = min(n_threads or default_threads(), default_threads())
+        self.kv_type = kv_type
+        self.vocab = lib.llama_model_get_vocab(handle)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
+        description = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(handle, description, len(description))
+        eos, bos = lib.llama_vocab_eos(self.vocab), lib.llama_vocab_bos(self.vocab)
+        self.config = GGUFConfig(
+            num_parameters=int(lib.llama_model_n_params(handle)),
+            size_bytes=int(lib.llama_model_size(handle)),
+            max_position_embeddings=int(lib.llama_model_n_ctx_train(handle)),
+            eos_token_id=eos if eos >= 0 else None,
+            bos_token_id=bos if bos >= 0 else None,
+            description=description.value.decode(errors="replace"),
+        )
+        self._spare: Context | None = None
+        self._agrees: bool | None = None  # no matrix of a type sgemm takes (_one_token_agrees), read once
+        self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
+
+    def new_cache(self, batch_size: int, max_length: int) -> LlamaCppCache:
+        """A cache of batch_size rows of max_length positions: the spare context if it fits."""
+        if not 1 <= batch_size <= MAX_SEQUENCES:
+            raise ValueError(f"llama.cpp runs 1 to {MAX_SEQUENCES} sequences at once, got a batch of {batch_size}")
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.n_seq >= batch_size and spare.n_ctx_seq >= max_length:
+            library().llama_memory_clear(spare.memory, True)
+            return LlamaCppCache(self, spare, batch_size, max_length)
+        if spare is not None:
+            spare.free()
+        context = Context(self, batch_size, max_length)
+        if context.invariant:
+            context.pad_always = not self._one_token_agrees()
+        return LlamaCppCache(self, context, batch_size, max_length)
+
+    def _one_token_agrees(self) -> bool:
+        """Whether a one-token pass takes the same matrix kernels as a pass of several: true when no
+        matrix of the file has a type that llamafile's sgemm takes from 2 columns on (f32, f16,
+        bf16, q8_0, q4_0, q5_0, iq4_nl on x86; read from the file). The K-quants, q4_1, q5_1 and the
+        IQ types then always take their dot-product kernels (with ggml's tiled product off), so a
+        plain pass needs no placeholder until flash attention would split a query's cells
+        (SPLIT_KV_FROM): on files that sit in the caches a placeholder costs 1.5-2x a one-token
+        pass (BENCHMARKS.md). Measuring instead (a one-token pass against a two-token one) was
+        tried and was not enough: sgemm's results also change between 2 and 3 columns."""
+        if self._agrees is None:
+            try:
+                from gguf import GGUFReader
+
+                types = {t.tensor_type.name for t in GGUFReader(str(self.path)).tensors if len(t.shape) > 1 and t.shape[1] > 1}
+            except Exception:  # no gguf package, or a file it cannot read: the placeholder, always
+                types = {"F32"}
+            self._agrees = not types & _SGEMM_TYPES
+        return self._agrees
+
+    def release_context(self, context: Context) -> None:
+        """A cache is gone: keep its context for the next one (the larger of two), free the other."""
+        if self._spare is None:
+            self._spare = context
+            return
+        keep, drop = sorted((self._spare, context), key=lambda c: c.n_seq * c.n_ctx_seq, reverse=True)
+        self._spare = keep
+        drop.free()
+
+    def __call__(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        return self.forward(input_ids, cache)
+
+    def forward(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> float32 logits [B, T, V]."""
+        batch, length = input_ids.shape
+        logits = self._decode_rows(input_ids, cache, _copy)
+        return torch.from_numpy(logits).view(batch, length, self.vocab_size)
+
+    def forward_argmax(self, input_ids: torch.Tensor, cache: LlamaCppCache | None = None) -> torch.Tensor:
+        """input_ids [B, T] -> the argmax token at every position [B, T] long: `forward(...)
+        .argmax(-1)` (the same ids; ties go to the lowest id in both), read from llama.cpp's
+        buffer in place, without a logits tensor."""
+        batch, length = input_ids.shape
+        return torch.from_numpy(self._decode_rows(input_ids, cache, _argmax)).view(batch, length)
+
+    def _decode_rows(self, input_ids: torch.Tensor, cache: LlamaCppCache | None, read) -> np.ndarray:
+        batch, length = input_ids.shape
+        if cache is None:  # whole sequences from position 0, in a cache of their own
+            cache = self.new_cache(batch, length)
+        lengths = cache.host_lengths
+        span = max(lengths) + length
+        if span > cache.max_length:
+            raise ValueError(f"KV cache overflow: {span} positions needed, cache holds {cache.max_length}")
+        if batch == 1:
+            positions, seqs = np.arange(lengths[0], span), np.full(length, cache.seqs[0], dtype=np.int64)
+        else:
+            positions = (np.asarray(lengths)[:, None] + np.arange(length)).ravel()  # [B*T]
+            seqs = np.repeat(np.asarray(cache.seqs), length)  # [B*T]
+        result, inside = cache.context.decode(input_ids.numpy().ravel(), positions, seqs, read is not None, read)
+        self.forward_compute_s += inside
+        cache.advance(length)
+        return result
+
+    def write(self, input_ids: torch.Tensor, cache: LlamaCppCache) -> None:
+        """Write input_ids [B, T] at each row's length without asking for logits (a prompt read
+        piece by piece)."""
+        self._decode_rows(input_ids, cache, None)
+
+    def greedy_continuation(self, input_ids: torch.Tensor, counts: list[int], steps: int, cache: LlamaCppCache,
+                            confidence_threshold: float = 0.0, live: np.ndarray | None = None) -> torch.Tensor:
+        """The model's own greedy continuation: read row b's first counts[b] tokens of
+        input_ids [B, W], then `steps` times take the argmax token and (but the last) read it.
+        Returns those tokens [B, steps] long; row b's cache grows by counts[b] + steps - 1.
+        The same tokens as that loop over `forward` and `argmax`, at one llama_decode per step
+        with logits only at each row's last token, read in place: a draft model's proposals
+        at temperature 0 with no tensor work between its passes. With a confidence_threshold,
+        it stops after the first step where every row's token (every row where `live` [B] bool
+        is true, when given) has a softmax probability below it (fewer columns; the cache
+        grows by the steps taken, minus one)."""
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        batch, lengths = len(counts), cache.host_lengths
+        ends = np.asarray(lengths) + np.asarray(counts)  # [B] each row's next position
+        if int(ends.max()) + steps - 1 > cache.max_length:
+            raise ValueError(f"KV cache overflow: {int(ends.max()) + steps - 1} positions needed, cache holds {cache.max_length}")
+        ids = input_ids.numpy()
+        tokens = ids[0, : counts[0]] if batch == 1 else np.concatenate([ids[b, :count] for b, count in enumerate(counts)])
+        positions = np.concatenate([np.arange(n, end) for n, end in zip(lengths, ends)])
+        seqs = np.repeat(np.asarray(cache.seqs), counts)
+        outputs = np.zeros(len(tokens), dtype=bool)
+        outputs[np.cumsum(counts) - 1] = True  # logits at each row's last token only
+        drafted = np.empty((batch, steps), dtype=np.int64)
+        context, rows = cache.context, np.asarray(cache.seqs)
+        read = _argmax_confidence if confidence_threshold > 0 else _argmax
+        found, inside = context.decode(tokens, positions, seqs, outputs, read)
+        for i in range(steps):
+            if i > 0:
+                found, seconds = context.decode(drafted[:, i - 1], ends + i - 1, rows, True, read)
+                inside += seconds
+            if confidence_threshold > 0:
+                drafted[:, i], confidence = found[:, 0], found[:, 1]
+                if ((confidence if live is None else confidence[live]) < confidence_threshold).all():
+                    steps = i + 1
+                    break
+            else:
+                drafted[:, i] = found
+        self.forward_compute_s += inside
+        cache.set_lengths((ends + steps - 1).tolist())
+        return torch.from_numpy(drafted[:, :steps])
+
+    def compiled_step(self, cache: LlamaCppCache, drafter, sampling, prompts: list[list[int]], k_max: int) -> CompiledStep | None:
+        """The engine's whole iteration with a llama.cpp draft (or none: plain decoding) as one
+        compiled call (`step.CompiledStep`), or None where it does not apply or cannot be built."""
+        return CompiledStep.maybe(self, cache, drafter, sampling, prompts, k_max)
+
+    def prefill(self, prompts: list[list[int]], cache: LlamaCppCache) -> None:
+        """Write ragged prompts [B][len_b] into an empty cache (no padding: llama.cpp batches are ragged)."""
+        if max(cache.host_lengths) != 0:
+            raise ValueError("prefill needs an empty cache")
+        lengths = [len(p) for p in prompts]
+        if sum(lengths):
+            if max(lengths) > cache.max_length:
+                raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
+            tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
+            positions = np.concatenate([np.arange(n) for n in lengths])
+            seqs = np.repeat(np.asarray(cache.seqs), lengths)
+            cache.context.decode(tokens, positions, seqs, False)
+        cache.set_lengths(lengths)
+
+
+    def prefill_rows(self, prompts: list[list[int]], cache: LlamaCppCache, rows: list[int]) -> None:
+        """Rows rows[i] (their sequences) hold prompts[i] afterwards; the other rows are
+        untouched (models/rows.py): each row's sequence is emptied, then written."""
+        lengths = [len(p) for p in prompts]
+        if max(lengths, default=0) > cache.max_length:
+            raise ValueError(f"KV cache overflow: {max(lengths)} positions needed, cache holds {cache.max_length}")
+        seqs = [cache.seqs[row] for row in rows]
+        for seq in seqs:
+            library().llama_memory_seq_rm(cache.context.memory, seq, 0, -1)
+        if sum(lengths):
+            tokens = np.fromiter((t for p in prompts for t in p), dtype=np.int32, count=sum(lengths))
+            positions = np.concatenate([np.arange(n) for n in lengths])
+            cache.context.decode(tokens, positions, np.repeat(np.asarray(seqs), lengths), False)
+        host = cache.host_lengths
+        for row, n in zip(rows, lengths):
+            host[row] = n
+        cache.set_lengths(host)
+
+
+def _copy(logits: np.ndarray) -> np.ndarray:
+    return logits.copy()
+
+
+def _argmax(logits: np.ndarray) -> np.ndarray:
+    return logits.argmax(axis=-1)
+
+
+def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
+    """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
+    top = logits.max(axis=-1, keepdims=True)
+    return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
+
