@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from verispec.config import SamplingParams
-from verispec.models.llama import CacheLengths
+from verispec.models.cache import CacheLengths
 from verispec.sampling import process_logits
 
 BOS = 0

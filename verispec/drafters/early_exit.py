@@ -26,7 +26,8 @@ import copy
 import torch
 from torch import nn
 
-from ..models.llama import CacheLengths, KVCache, LlamaForCausalLM
+from ..models.cache import CacheLengths
+from ..models.llama import KVCache, LlamaForCausalLM
 from .model import ModelDrafter
 
 

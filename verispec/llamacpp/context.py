@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..models.llama import CacheLengths
+from ..models.cache import CacheLengths
 from .lib import library, log_tail
 
 N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch

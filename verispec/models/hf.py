@@ -41,7 +41,8 @@ import torch
 from torch import nn
 
 from .checkpoint import QUANT_METHOD, CheckpointError, config_path, load_pretrained
-from .llama import CacheLengths, LlamaConfig
+from .cache import CacheLengths
+from .llama import LlamaConfig
 
 HOLE = torch.iinfo(torch.long).max  # the position of a column that holds nothing for a row
 _COMPACT_SLACK = 32
