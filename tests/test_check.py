@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats
 
-from verispec import check as check_module
+from verispec.analysis import check as check_module
 from verispec import rejection
 from verispec.analysis.chisquare import chi_square, detectable_tv, threshold
 from verispec.cli import main

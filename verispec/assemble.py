@@ -76,7 +76,9 @@ class Settings:
         if not isinstance(self.exact_kernels, bool):
             raise ValueError(f"--exact-kernels must be on or off, got {self.exact_kernels!r}")
         if not (isinstance(self.confidence_threshold, (int, float)) and 0.0 <= self.confidence_threshold < 1.0):
-            raise ValueError(f"--confidence-threshold must be a probability in [0, 1), got {self.confidence_threshold!r}")
+            raise ValueError(
+                f"--confidence-threshold must be a probability in [0, 1), got {self.confidence_threshold!r}"
+            )
         if not (self.k == "auto" or _is_int(self.k)):
             raise ValueError(f"--k must be an integer or 'auto', got {self.k!r}")
         for spec in (self.draft, *self.extra_drafts):
@@ -102,7 +104,9 @@ class Settings:
             if not torch.cuda.is_available():
                 raise ValueError(f"--device {self.device}: no CUDA device here (this torch is {torch.__version__})")
             if self.backend == "llamacpp":
-                raise ValueError(f"--device {self.device}: the llama.cpp backend runs on the CPU here; use --backend torch")
+                raise ValueError(
+                    f"--device {self.device}: the llama.cpp backend runs on the CPU here; use --backend torch"
+                )
             if device.index is not None and device.index >= torch.cuda.device_count():
                 raise ValueError(f"--device {self.device}: there are {torch.cuda.device_count()} CUDA devices")
         return device
@@ -154,8 +158,14 @@ def measured_policy(settings: Settings, target, drafter, rows: int, context_leng
         return draft_policy(settings), None
     from .analysis.profile import profile_costs
 
-    profile = profile_costs(target, getattr(drafter, "model", None), settings.k_max, batch_size=rows,
-                            context_length=context_length, repeats=3)
+    profile = profile_costs(
+        target,
+        getattr(drafter, "model", None),
+        settings.k_max,
+        batch_size=rows,
+        context_length=context_length,
+        repeats=3,
+    )
     policy = AdaptiveLength(k_max=settings.k_max, prior_c=profile.c or 0.0, prior_r=profile.r, prior_batch=rows)
     return policy, profile.target_s[0]
 
@@ -172,7 +182,9 @@ def llamacpp_threads(settings: Settings, say: Say = _quiet) -> int | None:
         llamacpp.set_exact_kernels(settings.exact_kernels)
     except RuntimeError:
         setting = "on" if settings.exact_kernels else "off"
-        raise ValueError(f"--exact-kernels {setting}: this process already runs llama.cpp with the other setting") from None
+        raise ValueError(
+            f"--exact-kernels {setting}: this process already runs llama.cpp with the other setting"
+        ) from None
     threads, cores = settings.threads, llamacpp.default_threads()
     if threads is not None and threads > cores:
         say(f"--threads {threads} is more than the {cores} cores this process may use; using {cores}")
@@ -188,8 +200,14 @@ def load_model(settings: Settings, path: str, say: Say = _quiet, keep_torch_thre
     device = settings.torch_device
     if device.type != "cpu" and is_gguf(path):
         raise ValueError(f"{path}: a GGUF file runs on llama.cpp, on the CPU here, not on --device {settings.device}")
-    model, note = load(path, settings.backend, settings.torch_dtype, settings.gguf_type or "f32", device=device,
-                       n_threads=llamacpp_threads(settings, say))
+    model, note = load(
+        path,
+        settings.backend,
+        settings.torch_dtype,
+        settings.gguf_type or "f32",
+        device=device,
+        n_threads=llamacpp_threads(settings, say),
+    )
     if note:
         say(note)
     if not isinstance(model, torch.nn.Module) and not keep_torch_threads:
@@ -208,9 +226,11 @@ def deviation_note(target) -> str | None:
     if found.largest <= 0:
         return None
     setting = "on" if target.shape_invariant else "off"
-    return (f"{target.path.name} ({target.config.description}): a logit differs by up to {found.largest:.3g} between "
-            f"pass shapes here (--exact-kernels {setting}); greedy speculative output may differ from plain decoding "
-            "at near-ties")
+    return (
+        f"{target.path.name} ({target.config.description}): a logit differs by up to {found.largest:.3g} between "
+        f"pass shapes here (--exact-kernels {setting}); greedy speculative output may differ from plain decoding "
+        "at near-ties"
+    )
 
 
 def load_target(settings: Settings, say: Say = _quiet):
@@ -244,8 +264,10 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
         from .models.llama import LlamaForCausalLM
 
         if not isinstance(target, LlamaForCausalLM):
-            raise ValueError(f"--draft {spec}: early exit needs verispec's PyTorch Llama as the target "
-                             "(a Llama-family directory with --backend torch)")
+            raise ValueError(
+                f"--draft {spec}: early exit needs verispec's PyTorch Llama as the target "
+                "(a Llama-family directory with --backend torch)"
+            )
         return EarlyExitDrafter(target, int(spec.split(":", 1)[1]))
     from .drafters.model import ModelDrafter
     from .models.vocab import check_same_tokenizer, match_vocab_size

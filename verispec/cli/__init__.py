@@ -9,7 +9,6 @@ other) becomes one line on stderr, `verispec: error: ...`, and exit status 2.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .. import __version__
 from ..models.checkpoint import CheckpointError
@@ -17,9 +16,18 @@ from . import analysis, generate, models, serve, train
 from .common import FileError, Parser, contradiction, fail, flag_names
 
 _COMMANDS = {
-    "generate": generate.run, "plan": analysis.plan, "check": analysis.check, "quantize": models.quantize,
-    "profile": analysis.profile, "bench": analysis.bench, "bench-serve": serve.bench_serve, "serve": serve.serve,
-    "train": train.run, "perplexity": analysis.perplexity, "toy": models.toy, "convert": models.convert,
+    "generate": generate.run,
+    "plan": analysis.plan,
+    "check": analysis.check,
+    "quantize": models.quantize,
+    "profile": analysis.profile,
+    "bench": analysis.bench,
+    "bench-serve": serve.bench_serve,
+    "serve": serve.serve,
+    "train": train.run,
+    "perplexity": analysis.perplexity,
+    "toy": models.toy,
+    "convert": models.convert,
 }
 
 
@@ -53,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except UnicodeDecodeError as error:  # a text file that is not UTF-8 (a ValueError too, but its message names no file)
+    except (
+        UnicodeDecodeError
+    ) as error:  # a text file that is not UTF-8 (a ValueError too, but its message names no file)
         return fail(f"a file is not UTF-8 text: {error.reason} at byte {error.start}")
     except (CheckpointError, ValueError, OSError) as error:
         message = " ".join(str(error).split())

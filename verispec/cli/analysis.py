@@ -13,68 +13,136 @@ from pathlib import Path
 from .. import assemble
 from ..config import SamplingParams
 from . import reports
-from .common import (TARGET_HELP, check_directory, check_writable, confidence_parent, draft_lengths, fail,
-                     models_parent, needs_draft, progress, read_prompts, sampling_parent, seed, settings_from,
-                     temperatures)
+from .common import (
+    TARGET_HELP,
+    check_directory,
+    check_writable,
+    confidence_parent,
+    draft_lengths,
+    fail,
+    models_parent,
+    needs_draft,
+    progress,
+    read_prompts,
+    sampling_parent,
+    seed,
+    settings_from,
+    temperatures,
+)
 
+PROFILED_HELP = (
+    "draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram' or "
+    "'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target"
+)
 PROMPTS_HELP = 'JSON lines, one {"prompt": "..."} per line'
-MEASURED_HELP = ("the draft measured: a directory or .gguf file, 'ngram' (prompt lookup) or 'early-exit:L' (the target's "
-                 "first L layers) ('none' leaves nothing to measure); default: the built-in draft with the built-in target")
+MEASURED_HELP = (
+    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup) or 'early-exit:L' (the target's "
+    "first L layers) ('none' leaves nothing to measure); default: the built-in draft with the built-in target"
+)
 
 
 def add_parsers(commands) -> None:
     _add_bench(commands)
-    adv = commands.add_parser("plan", help="advise: alpha per position, c, predicted speed-up per k, the k to use",
-                              parents=[models_parent(draft=f"a candidate (repeatable), {MEASURED_HELP}", repeatable=True)])
+    adv = commands.add_parser(
+        "plan",
+        help="advise: alpha per position, c, predicted speed-up per k, the k to use",
+        parents=[models_parent(draft=f"a candidate (repeatable), {MEASURED_HELP}", repeatable=True)],
+    )
     adv.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     adv.add_argument("--k-max", type=int, default=8, help="the longest draft considered (default 8)")
     adv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    adv.add_argument("--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)")
+    adv.add_argument(
+        "--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)"
+    )
     adv.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts (default: all)")
     adv.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
     adv.add_argument("--json", metavar="OUT", help="write the report here")
 
-    chk = commands.add_parser("check", help="certify that decoding is lossless on your target, draft and settings "
-                              "(exit 0: all passed)", parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0)])
+    chk = commands.add_parser(
+        "check",
+        help="certify that decoding is lossless on your target, draft and settings (exit 0: all passed)",
+        parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0)],
+    )
     chk.add_argument("--prompts", help=f"{PROMPTS_HELP} (default: the built-in held-out prompts)")
-    chk.add_argument("--contexts", type=int, default=1,
-                     help="prompts whose continuations are the contexts of the distribution tests: the first where the "
-                          "draft proposes (default 1; each of the k positions is a context of its own)")
-    chk.add_argument("--k", type=int, default=4,
-                     help="draft length: the draft positions tested per context, and the length of (b) and (c) (default 4)")
-    chk.add_argument("--draws", type=int, default=None, help="verifications per position (default 200000 at a vocabulary "
-                     "of 8192 or less, fewer for a larger one, at least 20000; at least 1000)")
-    chk.add_argument("--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)")
+    chk.add_argument(
+        "--contexts",
+        type=int,
+        default=1,
+        help="prompts whose continuations are the contexts of the distribution tests: the first where the "
+        "draft proposes (default 1; each of the k positions is a context of its own)",
+    )
+    chk.add_argument(
+        "--k",
+        type=int,
+        default=4,
+        help="draft length: the draft positions tested per context, and the length of (b) and (c) (default 4)",
+    )
+    chk.add_argument(
+        "--draws",
+        type=int,
+        default=None,
+        help="verifications per position (default 200000 at a vocabulary "
+        "of 8192 or less, fewer for a larger one, at least 20000; at least 1000)",
+    )
+    chk.add_argument(
+        "--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)"
+    )
     chk.add_argument("--max-new-tokens", type=int, default=16, help="tokens per row in the comparisons (default 16)")
     chk.add_argument("--seed", type=seed, default=0, help="sampling seed of every draw (default 0)")
     chk.add_argument("--json", metavar="OUT", help="write the report here")
 
-    prof = commands.add_parser("profile", help="measure t_target(n), r(n) and the draft cost ratio c", parents=[models_parent(
-        target=f"{TARGET_HELP}, or a preset name of verispec.training (random weights)",
-        draft="draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram' or "
-              "'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target")])
-    prof.add_argument("--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)")
+    prof = commands.add_parser(
+        "profile",
+        help="measure t_target(n), r(n) and the draft cost ratio c",
+        parents=[
+            models_parent(
+                target=f"{TARGET_HELP}, or a preset name of verispec.training (random weights)",
+                draft=PROFILED_HELP,
+            )
+        ],
+    )
+    prof.add_argument(
+        "--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)"
+    )
     prof.add_argument("--batch-size", type=int, default=1, help="rows per pass (default 1)")
-    prof.add_argument("--context", type=int, default=128, help="positions already in the cache when timing (default 128)")
-    prof.add_argument("--repeats", type=int, default=15, help="timings per pass length; the median is kept (default 15)")
-    prof.add_argument("--compare-quantized", action="store_true",
-                      help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios")
+    prof.add_argument(
+        "--context", type=int, default=128, help="positions already in the cache when timing (default 128)"
+    )
+    prof.add_argument(
+        "--repeats", type=int, default=15, help="timings per pass length; the median is kept (default 15)"
+    )
+    prof.add_argument(
+        "--compare-quantized",
+        action="store_true",
+        help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios",
+    )
 
-    ppl = commands.add_parser("perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)")
+    ppl = commands.add_parser(
+        "perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)"
+    )
     ppl.add_argument("--model", required=True, action="append", help="model directory (repeatable)")
-    ppl.add_argument("--data", default="runs/data",
-                     help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)")
+    ppl.add_argument(
+        "--data",
+        default="runs/data",
+        help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)",
+    )
     ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
 
 
 def _add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="plain vs speculative decoding of the same prompts, interleaved, in one run",
-                                parents=[models_parent(draft=MEASURED_HELP), confidence_parent()])
+    bench = commands.add_parser(
+        "bench",
+        help="plain vs speculative decoding of the same prompts, interleaved, in one run",
+        parents=[models_parent(draft=MEASURED_HELP), confidence_parent()],
+    )
     bench.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     bench.add_argument("--k", default="1,2,4", help="draft lengths, comma-separated, 'auto' allowed (default 1,2,4)")
     bench.add_argument("--temperature", default="0", help="temperatures, comma-separated (default 0)")
-    bench.add_argument("--sampling", default="rejection",
-                       help="modes, comma-separated: rejection, invariant (default rejection; invariant is not run at T = 0)")
+    bench.add_argument(
+        "--sampling",
+        default="rejection",
+        help="modes, comma-separated: rejection, invariant (default rejection; invariant is not run at T = 0)",
+    )
     bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
@@ -82,12 +150,17 @@ def _add_bench(commands) -> None:
     bench.add_argument("--json", metavar="OUT", help="write the results here")
     bench.add_argument("--csv", metavar="OUT", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
-    bench.add_argument("--peer", choices=["hf", "llamacpp"],
-                       help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; "
-                            "prompt lookup with --draft ngram); llamacpp = verispec on llama.cpp vs llama-cpp-python "
-                            "(plain, prompt lookup) and llama.cpp's own speculative decoding")
-    bench.add_argument("--llama-cpp-bin", help="with --peer llamacpp: a directory holding llama.cpp's "
-                       "llama-speculative-simple (same llama.cpp version)")
+    bench.add_argument(
+        "--peer",
+        choices=["hf", "llamacpp"],
+        help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; "
+        "prompt lookup with --draft ngram); llamacpp = verispec on llama.cpp vs llama-cpp-python "
+        "(plain, prompt lookup) and llama.cpp's own speculative decoding",
+    )
+    bench.add_argument(
+        "--llama-cpp-bin",
+        help="with --peer llamacpp: a directory holding llama.cpp's llama-speculative-simple (same llama.cpp version)",
+    )
 
 
 def _check_reports(args: argparse.Namespace) -> None:
@@ -126,8 +199,18 @@ def bench(args: argparse.Namespace) -> int:
     fixed = [k for k in ks if k != "auto"]
     assemble.prepare_engine(target, rows=max(fixed) + 1 if fixed else 9)  # no compile time inside a timing
     # start() resets a drafter completely, so one object serves every run
-    result = run_bench(target, lambda: drafter, prompts, ks, temps, args.max_new_tokens, args.repeats, args.seed,
-                       getattr(drafter, "model", None), samplings=samplings)
+    result = run_bench(
+        target,
+        lambda: drafter,
+        prompts,
+        ks,
+        temps,
+        args.max_new_tokens,
+        args.repeats,
+        args.seed,
+        getattr(drafter, "model", None),
+        samplings=samplings,
+    )
     print("\n".join(reports.bench_lines(result, args.repeats)))
     for path in write_reports(result, args.json, args.csv, args.plot_dir):
         print(f"wrote {path}")
@@ -147,8 +230,17 @@ def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
     prompts = [tokenizer.encode(text).ids for text in read_prompts(args.prompts, args.max_prompts)]
     lookup = settings.draft == "ngram"
     load = partial(assemble.load_model, settings, say=assemble.to_stderr(), keep_torch_threads=True)
-    result = run_peer_bench(settings.target, None if lookup else settings.draft_spec, prompts, k, args.max_new_tokens,
-                            args.repeats, prompt_lookup=lookup, dtype=settings.torch_dtype, load=load)
+    result = run_peer_bench(
+        settings.target,
+        None if lookup else settings.draft_spec,
+        prompts,
+        k,
+        args.max_new_tokens,
+        args.repeats,
+        prompt_lookup=lookup,
+        dtype=settings.torch_dtype,
+        load=load,
+    )
     print("\n".join(reports.peer_hf_lines(result, args.max_new_tokens, args.repeats)))
     _write_json(args.json, result)
     return 0
@@ -162,10 +254,26 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         return fail(f"--peer llamacpp: {reason}")
     texts = read_prompts(args.prompts, args.max_prompts)
     target, (draft,) = assemble.gguf_files(settings, [settings.draft])
-    result = run_llamacpp_peer_bench(target, draft, texts, ks, args.max_new_tokens, args.repeats, temperature, args.seed,
-                                     args.threads, args.llama_cpp_bin, confidence_threshold=args.confidence_threshold)
-    print("\n".join(reports.peer_llamacpp_lines(result, temperature, args.max_new_tokens, args.repeats,
-                                                args.confidence_threshold)))
+    result = run_llamacpp_peer_bench(
+        target,
+        draft,
+        texts,
+        ks,
+        args.max_new_tokens,
+        args.repeats,
+        temperature,
+        args.seed,
+        args.threads,
+        args.llama_cpp_bin,
+        confidence_threshold=args.confidence_threshold,
+    )
+    print(
+        "\n".join(
+            reports.peer_llamacpp_lines(
+                result, temperature, args.max_new_tokens, args.repeats, args.confidence_threshold
+            )
+        )
+    )
     _write_json(args.json, result)
     return 0
 
@@ -203,14 +311,25 @@ def check(args: argparse.Namespace) -> int:
     from ..analysis.check import format_report, run_check
 
     draws = 1000 if args.draws is None else args.draws
-    for flag, value, least in (("--contexts", args.contexts, 1), ("--k", args.k, 1), ("--draws", draws, 1000),
-                               ("--seeds", args.seeds, 1), ("--max-new-tokens", args.max_new_tokens, 1)):
+    for flag, value, least in (
+        ("--contexts", args.contexts, 1),
+        ("--k", args.k, 1),
+        ("--draws", draws, 1000),
+        ("--seeds", args.seeds, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+    ):
         if value < least:
             return fail(f"{flag} must be >= {least}, got {value}")
     if args.json is not None:
         check_writable(args.json, "--json")
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            seed=args.seed, sampling=args.sampling)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        sampling=args.sampling,
+    )
     from ..pair import HELDOUT_PROMPTS
 
     prompts_file = str(HELDOUT_PROMPTS) if args.prompts is None else args.prompts
@@ -223,8 +342,18 @@ def check(args: argparse.Namespace) -> int:
     prompts = [ids for ids in (tokenizer.encode(text).ids for text in texts) if ids]
     if len(prompts) < args.contexts:
         return fail(f"{prompts_file}: {len(prompts)} non-empty prompts, fewer than --contexts {args.contexts}")
-    report = run_check(target, drafter, prompts, params, contexts=args.contexts, k=args.k, n=args.draws, seeds=args.seeds,
-                       max_new_tokens=args.max_new_tokens, progress=progress("check", always=True))
+    report = run_check(
+        target,
+        drafter,
+        prompts,
+        params,
+        contexts=args.contexts,
+        k=args.k,
+        n=args.draws,
+        seeds=args.seeds,
+        max_new_tokens=args.max_new_tokens,
+        progress=progress("check", always=True),
+    )
     print("\n".join(format_report(report)))
     _write_json(args.json, report.to_dict())
     return 0 if report.passed else 1
@@ -236,11 +365,15 @@ def profile(args: argparse.Namespace) -> int:
     if args.k_max < 1:
         return fail(f"--k-max must be >= 1, got {args.k_max}")
     if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")):
-        return fail(f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset "
-                    "name); for prompt lookup or early exit, plan measures acceptance and cost")
+        return fail(
+            f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset "
+            "name); for prompt lookup or early exit, plan measures acceptance and cost"
+        )
     if args.compare_quantized and args.backend == "llamacpp":  # verispec's own int8/int4 formats run on PyTorch
-        return fail("--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
-                    "for llama.cpp's types, profile each --gguf-type")
+        return fail(
+            "--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
+            "for llama.cpp's types, profile each --gguf-type"
+        )
     settings = settings_from(args, backend="torch" if args.compare_quantized else args.backend).resolved()
     say = assemble.to_stderr()
     target = assemble.load_profiled(settings, settings.target, say)
@@ -249,14 +382,20 @@ def profile(args: argparse.Namespace) -> int:
         return _compare_quantized(target, args)
     limit = getattr(target.config, "max_position_embeddings", None)
     if isinstance(limit, int) and args.context + args.k_max + 1 > limit:
-        return fail(f"--context {args.context} plus --k-max {args.k_max} + 1 exceeds the model's context of {limit} positions")
+        return fail(
+            f"--context {args.context} plus --k-max {args.k_max} + 1 exceeds the model's context of {limit} positions"
+        )
     rows = (args.batch_size, args.batch_size * (args.k_max + 1))
     choices = [c for c in assemble.prepare_engine(target, rows=rows[1]) if c["rows"] in rows]
-    progress("profile")(f"timing passes of 1..{args.k_max + 1} positions{' and the draft' if draft is not None else ''}, "
-                        f"{args.repeats} times each")
+    progress("profile")(
+        f"timing passes of 1..{args.k_max + 1} positions{' and the draft' if draft is not None else ''}, "
+        f"{args.repeats} times each"
+    )
     costs = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
-    print(f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket "
-          f"{costs.context_length}; {assemble.engine_description(target, args.dtype)}")
+    print(
+        f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket "
+        f"{costs.context_length}; {assemble.engine_description(target, args.dtype)}"
+    )
     print("\n".join(reports.profile_lines(costs, draft, choices)))
     return 0
 
@@ -269,8 +408,11 @@ def _compare_quantized(target, args: argparse.Namespace) -> int:
     from ..analysis.profile import profile_costs
     from ..models.quantize import quantize_model, weight_bytes
 
-    variants = {"float32": target, "int8": quantize_model(copy.deepcopy(target), 8),
-                "int4-g64": quantize_model(copy.deepcopy(target), 4, 64)}
+    variants = {
+        "float32": target,
+        "int8": quantize_model(copy.deepcopy(target), 8),
+        "int4-g64": quantize_model(copy.deepcopy(target), 4, 64),
+    }
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
     for _ in range(3):  # rounds: drift lands on every variant alike
         for name, model in variants.items():
@@ -295,7 +437,9 @@ def perplexity(args: argparse.Namespace) -> int:
     if args.windows < 1:
         return fail(f"--windows must be >= 1, got {args.windows}")
     if not (Path(args.data) / "heldout.bin").is_file():
-        return fail(f"--data {args.data}: no held-out split (heldout.bin) there; 'verispec train data --out DIR' makes one")
+        return fail(
+            f"--data {args.data}: no held-out split (heldout.bin) there; 'verispec train data --out DIR' makes one"
+        )
     print(f"{'model':>40} {'loss (nats/token)':>18} {'perplexity':>10}")
     for name in args.model:
         loss = held_out_loss(load_model(name), args.data, max_windows=args.windows)

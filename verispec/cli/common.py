@@ -74,8 +74,10 @@ def draft_lengths(text: str) -> list[int | str]:
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"--k: {error}") from None
     if any(isinstance(k, int) and k < 1 for k in ks):
-        raise ValueError("--k: bench compares each draft length with plain decoding (its baseline): "
-                         f"lengths must be >= 1 or 'auto', got {text!r}")
+        raise ValueError(
+            "--k: bench compares each draft length with plain decoding (its baseline): "
+            f"lengths must be >= 1 or 'auto', got {text!r}"
+        )
     return ks
 
 
@@ -113,31 +115,58 @@ def confidence(text: str) -> float:
 
 # ---- shared argument groups (parent parsers: built afresh for each command, whose defaults may differ)
 
-TARGET_HELP = "target model: a directory of Hugging Face-style weights or a .gguf file; default: the built-in pair's target"
-DRAFT_HELP = ("draft model directory or .gguf file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L "
-              "layers) or 'none' (no speculation); default: the built-in draft with the built-in target, else none")
+TARGET_HELP = (
+    "target model: a directory of Hugging Face-style weights or a .gguf file; default: the built-in pair's target"
+)
+DRAFT_HELP = (
+    "draft model directory or .gguf file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L "
+    "layers) or 'none' (no speculation); default: the built-in draft with the built-in target, else none"
+)
 
 
-def models_parent(target: str = TARGET_HELP, draft: str = DRAFT_HELP, repeatable: bool = False) -> argparse.ArgumentParser:
+def models_parent(
+    target: str = TARGET_HELP, draft: str = DRAFT_HELP, repeatable: bool = False
+) -> argparse.ArgumentParser:
     """--target, --draft, --dtype and the backend's settings."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--target", help=target)
     parent.add_argument("--draft", action="append" if repeatable else "store", help=draft)
     parent.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16, for torch models")
-    parent.add_argument("--backend", default="auto", choices=BACKENDS,
-                        help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on "
-                             "llama.cpp (a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model")
-    parent.add_argument("--gguf-type", default=None, type=str.lower, choices=GGUF_TYPES, metavar="TYPE",
-                        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32; "
-                             "refused when no model given is a directory: a GGUF file's type is its own)")
-    parent.add_argument("--threads", type=positive, default=None,
-                        help="llama.cpp threads (default: every core this process may use; more than that is capped to it)")
-    parent.add_argument("--exact-kernels", choices=["on", "off"], default="on",
-                        help="on (default): llama.cpp settings under which a position's logits do not depend on the pass "
-                             "(speculative output = plain output on every GGUF type; docs/EXACTNESS.md); off: llama.cpp's "
-                             "default kernels, faster on some types, where greedy output may differ at near-ties")
-    parent.add_argument("--device", default="cpu",
-                        help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)")
+    parent.add_argument(
+        "--backend",
+        default="auto",
+        choices=BACKENDS,
+        help="auto (default): llama.cpp on the CPU when it is installed, else torch; llamacpp: GGUF on "
+        "llama.cpp (a Hugging Face directory is converted once, cached); torch: verispec's PyTorch model",
+    )
+    parent.add_argument(
+        "--gguf-type",
+        default=None,
+        type=str.lower,
+        choices=GGUF_TYPES,
+        metavar="TYPE",
+        help="with llama.cpp: the type a Hugging Face directory is converted to (default f32; "
+        "refused when no model given is a directory: a GGUF file's type is its own)",
+    )
+    parent.add_argument(
+        "--threads",
+        type=positive,
+        default=None,
+        help="llama.cpp threads (default: every core this process may use; more than that is capped to it)",
+    )
+    parent.add_argument(
+        "--exact-kernels",
+        choices=["on", "off"],
+        default="on",
+        help="on (default): llama.cpp settings under which a position's logits do not depend on the pass "
+        "(speculative output = plain output on every GGUF type; docs/EXACTNESS.md); off: llama.cpp's "
+        "default kernels, faster on some types, where greedy output may differ at near-ties",
+    )
+    parent.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)",
+    )
     return parent
 
 
@@ -145,12 +174,17 @@ def draft_length_parent(refuse_above: bool = True) -> argparse.ArgumentParser:
     """--k (one draft length or 'auto') and --k-max, as generate and serve take them; both
     default to None here so that a contradiction can tell what was given (parse_args fills them)."""
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--k", type=draft_length, default=None,
-                        help="draft length: tokens proposed per target pass, or 'auto' (default): chosen per pass "
-                             "from the costs and acceptance seen")
+    parent.add_argument(
+        "--k",
+        type=draft_length,
+        default=None,
+        help="draft length: tokens proposed per target pass, or 'auto' (default): chosen per pass "
+        "from the costs and acceptance seen",
+    )
     refused = "; a fixed --k above it is refused" if refuse_above else ""
-    parent.add_argument("--k-max", type=int, default=None,
-                        help=f"with --k auto: the longest draft considered (default 8{refused})")
+    parent.add_argument(
+        "--k-max", type=int, default=None, help=f"with --k auto: the longest draft considered (default 8{refused})"
+    )
     return parent
 
 
@@ -158,9 +192,13 @@ def confidence_parent() -> argparse.ArgumentParser:
     """--confidence-threshold: off unless given, with `--k auto` too (BENCHMARKS.md: `auto` served
     no better with a stop than without it)."""
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--confidence-threshold", type=confidence, default=0.0,
-                        help="a model draft stops early where its most likely token's probability is below this (as "
-                             "transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)")
+    parent.add_argument(
+        "--confidence-threshold",
+        type=confidence,
+        default=0.0,
+        help="a model draft stops early where its most likely token's probability is below this (as "
+        "transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)",
+    )
     return parent
 
 
@@ -171,9 +209,13 @@ def sampling_parent(temperature: float) -> argparse.ArgumentParser:
     parent.add_argument("--top-k", type=int, default=0, help="0 = off")
     parent.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     parent.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    parent.add_argument("--sampling", choices=["rejection", "invariant"], default="rejection",
-                        help="rejection (default): accept a proposal with probability min(1, p/q); invariant: noise keyed "
-                             "by (seed, position), so that a seed gives the tokens of plain decoding whatever the draft and k")
+    parent.add_argument(
+        "--sampling",
+        choices=["rejection", "invariant"],
+        default="rejection",
+        help="rejection (default): accept a proposal with probability min(1, p/q); invariant: noise keyed "
+        "by (seed, position), so that a seed gives the tokens of plain decoding whatever the draft and k",
+    )
     return parent
 
 
@@ -195,8 +237,10 @@ def needs_draft(settings: Settings, command: str) -> None:
     """A one-line error when a command that measures a draft against its target has none."""
     if settings.draft_spec is None:
         given = "--draft none" if settings.draft == "none" else "--target without --draft"
-        raise ValueError(f"{command} measures a draft against its target, so {given} leaves nothing to measure: "
-                         "give --draft (a directory or GGUF file, 'ngram' or 'early-exit:L')")
+        raise ValueError(
+            f"{command} measures a draft against its target, so {given} leaves nothing to measure: "
+            "give --draft (a directory or GGUF file, 'ngram' or 'early-exit:L')"
+        )
 
 
 # ---- files
@@ -274,8 +318,11 @@ def read_prompts(path: str, limit: int | None, settings: list[dict] | None = Non
 def _row_settings(record: dict, where: str) -> dict:
     unknown = sorted(set(record) - {"prompt", *ROW_SETTINGS})
     if unknown:  # a misspelt setting would silently not apply
-        raise FileError(f'{where}: unknown key "{unknown[0]}" (a line may set "prompt", '
-                        + ", ".join(f'"{key}"' for key in ROW_SETTINGS) + ")")
+        raise FileError(
+            f'{where}: unknown key "{unknown[0]}" (a line may set "prompt", '
+            + ", ".join(f'"{key}"' for key in ROW_SETTINGS)
+            + ")"
+        )
     row = {key: record[key] for key in ROW_SETTINGS if key in record}
     try:
         SamplingParams(**row)
@@ -287,10 +334,23 @@ def _row_settings(record: dict, where: str) -> dict:
 # ---- errors in the user's words
 
 # The library's parameter names, as the command line spells them (errors name the flag the user typed)
-_FLAGS = {"top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
-          "k_max": "--k-max", "ks": "--k", "repeats": "--repeats", "batch_size": "--batch-size",
-          "context_length": "--context", "confidence_threshold": "--confidence-threshold"}
-_WORDS = {"k": "--k", "temperature": "--temperature", "dtype": "--dtype"}  # rewritten only as the subject of "... must be"
+_FLAGS = {
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "max_new_tokens": "--max-new-tokens",
+    "k_max": "--k-max",
+    "ks": "--k",
+    "repeats": "--repeats",
+    "batch_size": "--batch-size",
+    "context_length": "--context",
+    "confidence_threshold": "--confidence-threshold",
+}
+_WORDS = {
+    "k": "--k",
+    "temperature": "--temperature",
+    "dtype": "--dtype",
+}  # rewritten only as the subject of "... must be"
 
 
 def flag_names(message: str) -> str:
@@ -303,16 +363,25 @@ def contradiction(args: argparse.Namespace) -> str | None:
     if args.command == "generate" and args.no_speculation and args.k not in (None, 0):
         return f"--no-speculation decodes without a draft, so --k {args.k} contradicts it (leave --k out)"
     if args.command == "generate" and isinstance(args.k, int) and args.k_max is not None and args.k > args.k_max:
-        return (f"--k {args.k} is above --k-max {args.k_max}: --k-max bounds --k auto's choice "
-                "(give --k auto, or leave --k-max out)")
+        return (
+            f"--k {args.k} is above --k-max {args.k_max}: --k-max bounds --k auto's choice "
+            "(give --k auto, or leave --k-max out)"
+        )
     if getattr(args, "gguf_type", None) is not None and args.target is not None and is_gguf(args.target):
         drafts = args.draft if isinstance(args.draft, list) else [args.draft]
         if not any(_converted(d) for d in drafts):
-            return (f"--gguf-type {args.gguf_type}: the target {args.target} is a GGUF file, whose type is its own "
-                    "(--gguf-type is the type a Hugging Face directory is converted to)")
+            return (
+                f"--gguf-type {args.gguf_type}: the target {args.target} is a GGUF file, whose type is its own "
+                "(--gguf-type is the type a Hugging Face directory is converted to)"
+            )
     return None
 
 
 def _converted(draft: str | None) -> bool:
     """Whether a --draft value names a model directory, which llama.cpp runs converted to --gguf-type."""
-    return draft is not None and not is_gguf(draft) and draft not in ("none", "ngram") and not draft.startswith("early-exit:")
+    return (
+        draft is not None
+        and not is_gguf(draft)
+        and draft not in ("none", "ngram")
+        and not draft.startswith("early-exit:")
+    )

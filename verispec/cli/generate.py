@@ -19,30 +19,56 @@ from ..config import SamplingParams
 from ..engine import Batch
 from ..server.protocol import find_stop, safe_prefix
 from ..stats import SpecStats
-from .common import (check_writable, confidence_parent, draft_length_parent, fail, models_parent, read_prompts,
-                     sampling_parent, seed, settings_from)
+from .common import (
+    check_writable,
+    confidence_parent,
+    draft_length_parent,
+    fail,
+    models_parent,
+    read_prompts,
+    sampling_parent,
+    seed,
+    settings_from,
+)
 
 
 def add_parser(commands) -> None:
-    gen = commands.add_parser("generate", help="stream a completion, then one line of statistics",
-                              parents=[models_parent(), draft_length_parent(), sampling_parent(temperature=0.0),
-                                       confidence_parent()])
+    gen = commands.add_parser(
+        "generate",
+        help="stream a completion, then one line of statistics",
+        parents=[models_parent(), draft_length_parent(), sampling_parent(temperature=0.0), confidence_parent()],
+    )
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")
-    gen.add_argument("--prompts", metavar="FILE",
-                     help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
-                          'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens" '
-                          "(any other key is refused)")
-    gen.add_argument("--json", metavar="OUT",
-                     help="also write the prompts, completions (text and token ids), finish reasons and statistics "
-                          "to the file OUT; what is printed is the same with or without it (one prompt streams its text)")
-    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                     help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
-                          "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' "
-                          "ends at a blank line")
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
+    gen.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help='JSON lines, one {"prompt": "..."} per line: one batch, one completion per prompt; a line may '
+        'set its row\'s own "seed", "temperature", "top_k", "top_p", "min_p", "max_new_tokens" '
+        "(any other key is refused)",
+    )
+    gen.add_argument(
+        "--json",
+        metavar="OUT",
+        help="also write the prompts, completions (text and token ids), finish reasons and statistics "
+        "to the file OUT; what is printed is the same with or without it (one prompt streams its text)",
+    )
+    gen.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a completion before this text, and stop decoding it there (repeatable); the escapes "
+        "\\n \\t \\r \\\\ \\\" \\' \\uXXXX are read, as a shell passes them as written: --stop '\\n\\n' "
+        "ends at a blank line",
+    )
+    gen.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)"
+    )
     gen.add_argument("--seed", type=seed, default=None, help="random seed of the sampling (default: fresh entropy)")
-    gen.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding of the target (no --k with it)")
+    gen.add_argument(
+        "--no-speculation", action="store_true", help="plain autoregressive decoding of the target (no --k with it)"
+    )
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
 
 
@@ -59,8 +85,13 @@ def run(args: argparse.Namespace) -> int:
     target, tokenizer = assemble.load_target(settings, say)
     drafter = None if args.no_speculation else assemble.load_drafter(settings, target, say)
     params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, stop_token_ids=() if args.ignore_eos else assemble.eos_ids(target),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=() if args.ignore_eos else assemble.eos_ids(target),
         sampling=args.sampling,
     )
     if any(row_settings):  # a --prompts line's own settings override the flags for its row
@@ -71,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import check_context
 
     budgets = [p.max_new_tokens for p in params] if isinstance(params, list) else [args.max_new_tokens]
-    check_context(target, prompt_ids, budgets if isinstance(params, list) else args.max_new_tokens)  # before the profile
+    check_context(
+        target, prompt_ids, budgets if isinstance(params, list) else args.max_new_tokens
+    )  # before the profile
     rows = len(prompt_ids)
     longest_k = max(settings.k_max, settings.k if isinstance(settings.k, int) else 0)
     assemble.prepare_engine(target, drafter, rows * (longest_k + 1), rows * 2)
@@ -83,8 +116,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(texts[0])
     decode = partial(tokenizer.decode, skip_special_tokens=True)
     generated = decode_rows(Batch(target, prompt_ids, params, drafter, policy, stats), decode, stops, stream)
-    results = [{"prompt": prompt, "text": row_text(ids, stops, decode), "token_ids": ids,
-                "finish_reason": request.finish_reason} for prompt, ids, request in zip(texts, generated, stats.requests)]
+    results = [
+        {
+            "prompt": prompt,
+            "text": row_text(ids, stops, decode),
+            "token_ids": ids,
+            "finish_reason": request.finish_reason,
+        }
+        for prompt, ids, request in zip(texts, generated, stats.requests)
+    ]
     if stream:
         print()
     else:
@@ -102,8 +142,11 @@ def prompt_texts(args: argparse.Namespace, settings: list[dict] | None = None) -
     """The prompts: PROMPT, --prompt TEXT or --prompts FILE (exactly one of them); '-' reads
     the prompt from standard input. Text must be valid UTF-8. A --prompts line's own settings
     (common.ROW_SETTINGS) are appended to `settings`, one dict per prompt."""
-    given = [name for name, value in (("PROMPT", args.prompt_text), ("--prompt", args.prompt), ("--prompts", args.prompts))
-             if value is not None]
+    given = [
+        name
+        for name, value in (("PROMPT", args.prompt_text), ("--prompt", args.prompt), ("--prompts", args.prompts))
+        if value is not None
+    ]
     if not given:
         raise ValueError("no prompt: give PROMPT, --prompt TEXT, --prompts FILE, or - to read standard input")
     if len(given) > 1:
