@@ -22,7 +22,7 @@ DTYPE=${DTYPE:-bfloat16}
 pair_target=$($PY -c "from verispec.pair import TARGET_DIR; print(TARGET_DIR)")
 $PY -m verispec.cli train data --out "$RUN/data"
 cmp "$RUN/data/tokenizer.json" "$pair_target/tokenizer.json" || { echo "RUN/data's tokenizer is not the built-in pair's: another Python's standard library?" >&2; exit 1; }
-$PY -m verispec.cli train teacher --teacher "$pair_target" --data "$RUN/data" --out "$RUN/teacher" --seq-len 1024 --top-k 32 \
+$PY -m verispec.cli train teacher --teacher "$pair_target" --data "$RUN/data" --out "$RUN/teacher" --seq-len 1024 --teacher-top-k 32 \
     --batch-size 4 --dtype "$DTYPE" --max-seconds "${CAP:-0}" | tee "$RUN/teacher.out"
 grep -q ": complete" "$RUN/teacher.out" || { echo "the teacher cache is not complete yet: run this again to go on" >&2; exit 0; }
 $PY -m verispec.cli train draft --preset "$PRESET" --teacher "$pair_target" --teacher-cache "$RUN/teacher" --data "$RUN/data" \

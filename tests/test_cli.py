@@ -140,11 +140,11 @@ def test_stdin_stop_strings_and_json(pair, tmp_path, monkeypatch, capsys):
 
 
 def test_stop_values_read_the_usual_escapes_and_keep_other_text():
-    from verispec.cli import _unescape
+    from verispec.cli.generate import unescape
 
-    assert _unescape(r"\n\n") == "\n\n" and _unescape(r"\t|\r") == "\t|\r" and _unescape(r"\\n") == "\\n"
-    assert _unescape(r"\"q\'") == "\"q'" and _unescape(r"caf\u00e9") == "café" and _unescape("café\\n") == "café\n"
-    assert _unescape(r"\ud83d\ude00") == "😀" and _unescape(r"\d") == r"\d" and _unescape("a\\") == "a\\"
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"\t|\r") == "\t|\r" and unescape(r"\\n") == "\\n"
+    assert unescape(r"\"q\'") == "\"q'" and unescape(r"caf\u00e9") == "café" and unescape("café\\n") == "café\n"
+    assert unescape(r"\ud83d\ude00") == "😀" and unescape(r"\d") == r"\d" and unescape("a\\") == "a\\"
 
 
 def _continuations(target, texts: list[str], common: list[str], tmp_path) -> dict:
@@ -213,6 +213,23 @@ def test_flags_that_fit_together_parse(argv):
     fixed k needs no --k-max, and --gguf-type converts a directory given beside a GGUF target."""
     args = parse_args(["generate", "hi", *argv])
     assert args.k_max == int(argv[argv.index("--k-max") + 1]) if "--k-max" in argv else args.k_max == 8
+
+
+def test_a_flag_means_one_thing_in_every_command():
+    """--seed is the sampling seed wherever it appears (train's and toy's seeds of weights have
+    names of their own), --top-k the sampling filter (train teacher's is --teacher-top-k), and
+    bench-serve's budget per request is --max-new-tokens as elsewhere (--max-tokens still parses)."""
+    for argv in (["generate", "x"], ["bench", "--prompts", "p"], ["plan", "--prompts", "p"], ["check"]):
+        assert parse_args([*argv, "--seed", str(2**63 - 1)]).seed == 2**63 - 1
+    assert parse_args(["train", "target", "--train-seed", "3"]).train_seed == 3
+    assert parse_args(["toy", "out", "--weights-seed", "3"]).weights_seed == 3
+    assert parse_args(["train", "teacher", "--teacher-top-k", "8"]).teacher_top_k == 8
+    for argv in (["train", "target", "--seed", "3"], ["toy", "out", "--seed", "3"], ["train", "teacher", "--top-k", "8"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+    assert parse_args(["bench-serve", "--max-new-tokens", "6"]).max_new_tokens == 6
+    assert parse_args(["bench-serve", "--max-tokens", "6"]).max_new_tokens == 6
+    assert all(parse_args(argv + ["--draft", "none"]).draft == "none" for argv in (["generate", "x"], ["serve"], ["profile"]))
 
 
 def test_generate_help_says_what_target_draft_and_stop_take(capsys):

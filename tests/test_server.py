@@ -477,7 +477,7 @@ def test_bench_serve_writes_json_csv_and_a_plot_with_ratios_measured_in_the_same
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:3]))
     code = main(["bench-serve", "--target", str(target), "--draft", str(draft), "--backend", "torch", "--modes", "plain,2,auto",
-                 "--concurrency", "1,3", "--requests", "3", "--max-tokens", "6", "--repeats", "2", "--warmups", "1", "--max-batch", "4", "--k-max", "3",
+                 "--concurrency", "1,3", "--requests", "3", "--max-new-tokens", "6", "--repeats", "2", "--warmups", "1", "--max-batch", "4", "--k-max", "3",
                  "--prompts", str(prompts), "--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"])])
     assert code == 0
     report = json.loads(out["json"].read_text())

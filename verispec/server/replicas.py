@@ -15,8 +15,8 @@ different replicas. When a replica dies Ray starts another; a request that had r
 tokens from it ends with a retryable 503 (an SSE error event when streamed), one that had
 received none is sent once more to a live replica.
 
-Knows nothing of models or HTTP: the models come from the plan's loader (the command line's),
-the routes from app.py. Ray is imported only inside functions: the module imports without it.
+Knows nothing of models or HTTP: each replica loads the plan's Settings (assemble.py, through
+run.load_served; the ingress only its tokenizer), the routes come from app.py. Ray is imported only inside functions: the module imports without it.
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ class Frontend:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a replica needs, picklable: loaders are functions of plain options."""
+    """Everything a replica needs, picklable: the settings it loads its models from."""
 
-    load_models: Callable[[], object]  # -> run.ServedModels, called in each engine replica
-    load_tokenizer: Callable[[], object]  # -> the text tokenizer, called in the ingress
+    settings: object  # an assemble.Settings: each engine replica loads its models, the ingress its tokenizer
     frontend: Frontend
     replicas: int
     threads: int  # torch and llama.cpp threads per engine replica
@@ -98,8 +97,10 @@ class EngineReplica:
         import torch
         from ray import serve
 
+        from .run import load_served
+
         torch.set_num_threads(plan.threads)
-        models = plan.load_models()
+        models = load_served(plan.settings, plan.frontend.model_name)
         self.replica = serve.get_replica_context().replica_tag
         self.metrics = Metrics(plan.frontend.model_name, replica=self.replica)
         self.scheduler = Scheduler(models.target, models.drafter, models.k, plan.max_batch, plan.max_waiting,
@@ -287,10 +288,11 @@ def _ingress_builder(plan: Plan) -> Callable[[], object]:
     """The function Ray Serve calls in the ingress replica to build its ASGI app."""
 
     def build():
+        from ..assemble import load_tokenizer, to_stderr
         from .app import create_app
 
         front = plan.frontend
-        return create_app(RemoteScheduler(plan.capacity), plan.load_tokenizer(), front.model_name, front.vocab_size,
+        return create_app(RemoteScheduler(plan.capacity), load_tokenizer(plan.settings, to_stderr()), front.model_name, front.vocab_size,
                           front.max_model_len, front.eos, metrics=MergedMetrics(plan.hub), chat_template=front.chat_template)
 
     return build

@@ -2,9 +2,9 @@
 models), `listen` (host:port bound before the models load) and `run` (uvicorn on host:port
 until SIGINT or SIGTERM; on the signal the scheduler stops at once, so the requests it held
 end: a stream with its last chunk and [DONE], any other with a retryable 503; then the
-connections close and the thread is joined). `ServedModels` is what
-the command line loads for a server, in this process or in each Ray replica (replicas.py);
-`model_len` is the context rule both use. `Running` is a server in a thread of this process
+connections close and the thread is joined). `load_served` turns a Settings (assemble.py)
+into `ServedModels`, in this process or in each Ray replica (replicas.py); `model_len` is the
+context rule both use. `Running` is a server in a thread of this process
 (tests), `Spawned` one in a process of its own (bench-serve's servers under test).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from .app import create_app
 from .metrics import Metrics
@@ -20,7 +21,7 @@ from .scheduler import Scheduler
 
 @dataclass
 class ServedModels:
-    """A server's models and what the API says of them (the command line's `load_serve_models`)."""
+    """A server's models and what the API says of them (`load_served`)."""
 
     target: object
     tokenizer: object
@@ -29,6 +30,19 @@ class ServedModels:
     eos: tuple[int, ...]
     name: str
     chat_template: tuple[str, dict] | None
+
+
+def load_served(settings, model_name: str | None = None, say=None) -> ServedModels:
+    """The models of an assemble.Settings as a server uses them, its chat template, and the name
+    the API gives them (`model_name`, else the target's directory or file name). Start-up notes
+    go to `say` (default: stderr)."""
+    from ..assemble import load_parts, to_stderr
+    from .chat import load_chat_template
+
+    parts = load_parts(settings, say or to_stderr())
+    target = parts.settings.target
+    return ServedModels(parts.target, parts.tokenizer, parts.drafter, parts.policy, parts.eos,
+                        model_name or Path(target).name, load_chat_template(target))
 
 
 def model_len(target, max_model_len: int | None) -> int:

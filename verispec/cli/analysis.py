@@ -1,0 +1,448 @@
+"""The measuring commands: `bench` (and its --peer comparisons), `plan`, `profile`, `check` and
+`perplexity`. Each parses, loads its parts through assemble, calls verispec.analysis and prints
+(the long tables: cli/reports.py). Knows nothing of how models are loaded or measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+from .. import assemble
+from ..config import SamplingParams
+from . import reports
+from .common import (
+    TARGET_HELP,
+    check_directory,
+    check_writable,
+    confidence_parent,
+    draft_lengths,
+    fail,
+    models_parent,
+    needs_draft,
+    progress,
+    read_prompts,
+    sampling_parent,
+    seed,
+    settings_from,
+    temperatures,
+)
+
+PROFILED_HELP = (
+    "draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram' or "
+    "'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target"
+)
+PROMPTS_HELP = 'JSON lines, one {"prompt": "..."} per line'
+MEASURED_HELP = (
+    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup) or 'early-exit:L' (the target's "
+    "first L layers) ('none' leaves nothing to measure); default: the built-in draft with the built-in target"
+)
+
+
+def add_parsers(commands) -> None:
+    _add_bench(commands)
+    adv = commands.add_parser(
+        "plan",
+        help="advise: alpha per position, c, predicted speed-up per k, the k to use",
+        parents=[models_parent(draft=f"a candidate (repeatable), {MEASURED_HELP}", repeatable=True)],
+    )
+    adv.add_argument("--prompts", required=True, help=PROMPTS_HELP)
+    adv.add_argument("--k-max", type=int, default=8, help="the longest draft considered (default 8)")
+    adv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    adv.add_argument(
+        "--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)"
+    )
+    adv.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts (default: all)")
+    adv.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
+    adv.add_argument("--json", metavar="OUT", help="write the report here")
+
+    chk = commands.add_parser(
+        "check",
+        help="certify that decoding is lossless on your target, draft and settings (exit 0: all passed)",
+        parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0)],
+    )
+    chk.add_argument("--prompts", help=f"{PROMPTS_HELP} (default: the built-in held-out prompts)")
+    chk.add_argument(
+        "--contexts",
+        type=int,
+        default=1,
+        help="prompts whose continuations are the contexts of the distribution tests: the first where the "
+        "draft proposes (default 1; each of the k positions is a context of its own)",
+    )
+    chk.add_argument(
+        "--k",
+        type=int,
+        default=4,
+        help="draft length: the draft positions tested per context, and the length of (b) and (c) (default 4)",
+    )
+    chk.add_argument(
+        "--draws",
+        type=int,
+        default=None,
+        help="verifications per position (default 200000 at a vocabulary "
+        "of 8192 or less, fewer for a larger one, at least 20000; at least 1000)",
+    )
+    chk.add_argument(
+        "--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)"
+    )
+    chk.add_argument("--max-new-tokens", type=int, default=16, help="tokens per row in the comparisons (default 16)")
+    chk.add_argument("--seed", type=seed, default=0, help="sampling seed of every draw (default 0)")
+    chk.add_argument("--json", metavar="OUT", help="write the report here")
+
+    prof = commands.add_parser(
+        "profile",
+        help="measure t_target(n), r(n) and the draft cost ratio c",
+        parents=[
+            models_parent(
+                target=f"{TARGET_HELP}, or a preset name of verispec.training (random weights)",
+                draft=PROFILED_HELP,
+            )
+        ],
+    )
+    prof.add_argument(
+        "--k-max", type=int, default=8, help="verification passes of 1..k_max+1 positions are timed (default 8)"
+    )
+    prof.add_argument("--batch-size", type=int, default=1, help="rows per pass (default 1)")
+    prof.add_argument(
+        "--context", type=int, default=128, help="positions already in the cache when timing (default 128)"
+    )
+    prof.add_argument(
+        "--repeats", type=int, default=15, help="timings per pass length; the median is kept (default 15)"
+    )
+    prof.add_argument(
+        "--compare-quantized",
+        action="store_true",
+        help="also profile int8 and int4 (group 64) copies of the target, interleaved in one run, and print ratios",
+    )
+
+    ppl = commands.add_parser(
+        "perplexity", help="held-out loss and perplexity of one or more models (e.g. float vs quantized)"
+    )
+    ppl.add_argument("--model", required=True, action="append", help="model directory (repeatable)")
+    ppl.add_argument(
+        "--data",
+        default="runs/data",
+        help="data directory of 'verispec train data' (its held-out split heldout.bin; default runs/data)",
+    )
+    ppl.add_argument("--windows", type=int, default=64, help="256-token held-out windows (default 64)")
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="plain vs speculative decoding of the same prompts, interleaved, in one run",
+        parents=[models_parent(draft=MEASURED_HELP), confidence_parent()],
+    )
+    bench.add_argument("--prompts", required=True, help=PROMPTS_HELP)
+    bench.add_argument("--k", default="1,2,4", help="draft lengths, comma-separated, 'auto' allowed (default 1,2,4)")
+    bench.add_argument("--temperature", default="0", help="temperatures, comma-separated (default 0)")
+    bench.add_argument(
+        "--sampling",
+        default="rejection",
+        help="modes, comma-separated: rejection, invariant (default rejection; invariant is not run at T = 0)",
+    )
+    bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
+    bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
+    bench.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
+    bench.add_argument("--json", metavar="OUT", help="write the results here")
+    bench.add_argument("--csv", metavar="OUT", help="write one row per run here")
+    bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
+    bench.add_argument(
+        "--peer",
+        choices=["hf", "llamacpp"],
+        help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; "
+        "prompt lookup with --draft ngram); llamacpp = verispec on llama.cpp vs llama-cpp-python "
+        "(plain, prompt lookup) and llama.cpp's own speculative decoding",
+    )
+    bench.add_argument(
+        "--llama-cpp-bin",
+        help="with --peer llamacpp: a directory holding llama.cpp's llama-speculative-simple (same llama.cpp version)",
+    )
+
+
+def _check_reports(args: argparse.Namespace) -> None:
+    """bench's outputs and optional dependencies, checked before the benchmark runs."""
+    for flag, path in (("--json", args.json), ("--csv", args.csv)):
+        if path is not None:
+            check_writable(path, flag)
+    if args.plot_dir is not None:
+        check_directory(args.plot_dir, "--plot-dir")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot-dir needs matplotlib (pip install matplotlib)")
+    if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
+        raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
+
+
+def bench(args: argparse.Namespace) -> int:
+    from ..analysis.bench import run_bench, write_reports
+
+    _check_reports(args)
+    ks, temps = draft_lengths(args.k), temperatures(args.temperature)
+    samplings = [mode.strip() for mode in args.sampling.split(",")]
+    if not samplings or any(mode not in ("rejection", "invariant") for mode in samplings):
+        return fail(f"--sampling must list rejection and/or invariant, got {args.sampling!r}")
+    settings = settings_from(args)
+    if not args.peer:
+        needs_draft(settings, "bench")
+    settings = settings.resolved()
+    if args.peer == "llamacpp":
+        return _peer_llamacpp(args, settings, ks, temps[0])
+    if args.peer:
+        return _peer_hf(args, settings)
+    say = assemble.to_stderr()
+    target, tokenizer = assemble.load_target(settings, say)
+    prompts = [tokenizer.encode(text).ids for text in read_prompts(args.prompts, args.max_prompts)]
+    drafter = assemble.load_drafter(settings, target, say)
+    fixed = [k for k in ks if k != "auto"]
+    assemble.prepare_engine(target, rows=max(fixed) + 1 if fixed else 9)  # no compile time inside a timing
+    # start() resets a drafter completely, so one object serves every run
+    result = run_bench(
+        target,
+        lambda: drafter,
+        prompts,
+        ks,
+        temps,
+        args.max_new_tokens,
+        args.repeats,
+        args.seed,
+        getattr(drafter, "model", None),
+        samplings=samplings,
+    )
+    print("\n".join(reports.bench_lines(result, args.repeats)))
+    for path in write_reports(result, args.json, args.csv, args.plot_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
+    from functools import partial
+
+    from ..analysis.peer_hf import run_peer_bench
+    from ..models.checkpoint import load_tokenizer
+
+    k = next((int(k) for k in args.k.split(",") if k.isdigit()), 4)
+    tokenizer = load_tokenizer(settings.target)
+    if tokenizer is None:
+        return fail(f"{settings.target}: no tokenizer.json, so prompts cannot be encoded")
+    prompts = [tokenizer.encode(text).ids for text in read_prompts(args.prompts, args.max_prompts)]
+    lookup = settings.draft == "ngram"
+    load = partial(assemble.load_model, settings, say=assemble.to_stderr(), keep_torch_threads=True)
+    result = run_peer_bench(
+        settings.target,
+        None if lookup else settings.draft_spec,
+        prompts,
+        k,
+        args.max_new_tokens,
+        args.repeats,
+        prompt_lookup=lookup,
+        dtype=settings.torch_dtype,
+        load=load,
+    )
+    print("\n".join(reports.peer_hf_lines(result, args.max_new_tokens, args.repeats)))
+    _write_json(args.json, result)
+    return 0
+
+
+def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: list, temperature: float) -> int:
+    from ..analysis.peer_llamacpp import run_llamacpp_peer_bench
+
+    reason = assemble.llamacpp_unavailable()
+    if reason:
+        return fail(f"--peer llamacpp: {reason}")
+    texts = read_prompts(args.prompts, args.max_prompts)
+    target, (draft,) = assemble.gguf_files(settings, [settings.draft])
+    result = run_llamacpp_peer_bench(
+        target,
+        draft,
+        texts,
+        ks,
+        args.max_new_tokens,
+        args.repeats,
+        temperature,
+        args.seed,
+        args.threads,
+        args.llama_cpp_bin,
+        confidence_threshold=args.confidence_threshold,
+    )
+    print(
+        "\n".join(
+            reports.peer_llamacpp_lines(
+                result, temperature, args.max_new_tokens, args.repeats, args.confidence_threshold
+            )
+        )
+    )
+    _write_json(args.json, result)
+    return 0
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {path}")
+
+
+def plan(args: argparse.Namespace) -> int:
+    from ..analysis.plan import plan as run_plan
+
+    if args.k_max < 1:
+        return fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.json:
+        check_writable(args.json, "--json")
+    given = args.draft or [None]
+    for name in given:
+        needs_draft(settings_from(args, draft=name), "plan")
+    settings = settings_from(args, draft=given[0], extra_drafts=tuple(given[1:])).resolved()
+    candidates = [settings.draft, *settings.extra_drafts]
+    say = assemble.to_stderr()
+    target, tokenizer = assemble.load_target(settings, say)
+    drafts = {name: assemble.load_drafter(settings, target, say, spec=name) for name in candidates}
+    prompts = [tokenizer.encode(text).ids for text in read_prompts(args.prompts, args.max_prompts)]
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    report = run_plan(target, drafts, prompts, params, args.k_max, progress=progress("plan"))
+    print("\n".join(reports.plan_lines(report)))
+    _write_json(args.json, report)
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    from ..analysis.check import format_report, run_check
+
+    draws = 1000 if args.draws is None else args.draws
+    for flag, value, least in (
+        ("--contexts", args.contexts, 1),
+        ("--k", args.k, 1),
+        ("--draws", draws, 1000),
+        ("--seeds", args.seeds, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+    ):
+        if value < least:
+            return fail(f"{flag} must be >= {least}, got {value}")
+    if args.json is not None:
+        check_writable(args.json, "--json")
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        sampling=args.sampling,
+    )
+    from ..pair import HELDOUT_PROMPTS
+
+    prompts_file = str(HELDOUT_PROMPTS) if args.prompts is None else args.prompts
+    texts = read_prompts(prompts_file, None)
+    settings = settings_from(args)
+    needs_draft(settings, "check")
+    say = assemble.to_stderr()
+    target, tokenizer = assemble.load_target(settings, say)
+    drafter = assemble.load_drafter(settings, target, say)
+    prompts = [ids for ids in (tokenizer.encode(text).ids for text in texts) if ids]
+    if len(prompts) < args.contexts:
+        return fail(f"{prompts_file}: {len(prompts)} non-empty prompts, fewer than --contexts {args.contexts}")
+    report = run_check(
+        target,
+        drafter,
+        prompts,
+        params,
+        contexts=args.contexts,
+        k=args.k,
+        n=args.draws,
+        seeds=args.seeds,
+        max_new_tokens=args.max_new_tokens,
+        progress=progress("check", always=True),
+    )
+    print("\n".join(format_report(report)))
+    _write_json(args.json, report.to_dict())
+    return 0 if report.passed else 1
+
+
+def profile(args: argparse.Namespace) -> int:
+    from ..analysis.profile import profile_costs
+
+    if args.k_max < 1:
+        return fail(f"--k-max must be >= 1, got {args.k_max}")
+    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")):
+        return fail(
+            f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset "
+            "name); for prompt lookup or early exit, plan measures acceptance and cost"
+        )
+    if args.compare_quantized and args.backend == "llamacpp":  # verispec's own int8/int4 formats run on PyTorch
+        return fail(
+            "--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
+            "for llama.cpp's types, profile each --gguf-type"
+        )
+    settings = settings_from(args, backend="torch" if args.compare_quantized else args.backend).resolved()
+    say = assemble.to_stderr()
+    target = assemble.load_profiled(settings, settings.target, say)
+    draft = assemble.load_profiled(settings, settings.draft_spec, say) if settings.draft_spec else None
+    if args.compare_quantized:
+        return _compare_quantized(target, args)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and args.context + args.k_max + 1 > limit:
+        return fail(
+            f"--context {args.context} plus --k-max {args.k_max} + 1 exceeds the model's context of {limit} positions"
+        )
+    rows = (args.batch_size, args.batch_size * (args.k_max + 1))
+    choices = [c for c in assemble.prepare_engine(target, rows=rows[1]) if c["rows"] in rows]
+    progress("profile")(
+        f"timing passes of 1..{args.k_max + 1} positions{' and the draft' if draft is not None else ''}, "
+        f"{args.repeats} times each"
+    )
+    costs = profile_costs(target, draft, args.k_max, args.batch_size, args.context, args.repeats)
+    print(
+        f"target {target.config.num_parameters / 1e6:.1f}M params, batch {args.batch_size}, context bucket "
+        f"{costs.context_length}; {assemble.engine_description(target, args.dtype)}"
+    )
+    print("\n".join(reports.profile_lines(costs, draft, choices)))
+    return 0
+
+
+def _compare_quantized(target, args: argparse.Namespace) -> int:
+    """float32 vs int8 vs int4 copies of one target: rounds of short profiles, interleaved."""
+    import copy
+    import statistics
+
+    from ..analysis.profile import profile_costs
+    from ..models.quantize import quantize_model, weight_bytes
+
+    variants = {
+        "float32": target,
+        "int8": quantize_model(copy.deepcopy(target), 8),
+        "int4-g64": quantize_model(copy.deepcopy(target), 4, 64),
+    }
+    times: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
+    for _ in range(3):  # rounds: drift lands on every variant alike
+        for name, model in variants.items():
+            costs = profile_costs(model, None, args.k_max, args.batch_size, args.context, args.repeats, use_cache=False)
+            times[name].append(costs.target_s)
+    base = statistics.median(t[0] for t in times["float32"])
+    print(f"{'model':>9} {'weight MB':>9} {'t(1) ms':>8} {'vs float32':>10} {'r(' + str(args.k_max + 1) + ')':>6}")
+    for name, model in variants.items():
+        t1 = statistics.median(t[0] for t in times[name])
+        tk = statistics.median(t[-1] for t in times[name])
+        print(f"{name:>9} {weight_bytes(model) / 1e6:>9.1f} {t1 * 1e3:>8.2f} {t1 / base:>10.2f} {tk / t1:>6.2f}")
+    print("t(1): one decoding step (forward, process_logits, verify, host sync); weight MB: read per pass")
+    return 0
+
+
+def perplexity(args: argparse.Namespace) -> int:
+    import math
+
+    from ..models.hf import load_model
+    from ..training.train import held_out_loss
+
+    if args.windows < 1:
+        return fail(f"--windows must be >= 1, got {args.windows}")
+    if not (Path(args.data) / "heldout.bin").is_file():
+        return fail(
+            f"--data {args.data}: no held-out split (heldout.bin) there; 'verispec train data --out DIR' makes one"
+        )
+    print(f"{'model':>40} {'loss (nats/token)':>18} {'perplexity':>10}")
+    for name in args.model:
+        loss = held_out_loss(load_model(name), args.data, max_windows=args.windows)
+        print(f"{name:>40} {loss:>18.4f} {math.exp(loss):>10.2f}")
+    print(f"held-out split of {args.data}, {args.windows} windows of 256 tokens")
+    return 0

@@ -1,0 +1,153 @@
+"""The tables the measuring commands print: bench, its peer comparisons, plan and profile. Each
+function takes a report (a dict or a result object of verispec.analysis) and returns its lines;
+nothing here measures or loads anything.
+"""
+
+from __future__ import annotations
+
+
+def bench_lines(result: dict, repeats: int) -> list[str]:
+    """`verispec bench`: one row per (k, temperature, mode), then what the columns mean."""
+    header = (
+        f"{'k':>5} {'T':>4} {'mode':>9} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} "
+        f"{'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} identical"
+    )
+    lines = [header]
+    for run in result["runs"]:
+        predicted = "-" if run["predicted_speedup"] is None else f"{run['predicted_speedup']:.2f}"
+        bound = "-" if run["invariant_bound"] is None else f"{run['invariant_bound']:.3f}"
+        identical = run["greedy_identical"] if run["greedy_identical"] is not None else run["invariant_identical"]
+        spread = f"{run['speedup']:.2f} [{run['speedup_min']:.2f},{run['speedup_max']:.2f}]"
+        lines.append(
+            f"{run['k']!s:>5} {run['temperature']:>4} {run['sampling']:>9} {run['tokens_per_s_baseline']:>10.1f} "
+            f"{run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5} {run['alpha_hat']:>9.3f} "
+            f"{run['beta']:>5.3f} {bound:>5} {run['mean_tokens_per_pass']:>8.2f} {identical}"
+        )
+    lines.append(
+        "tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]; identical: "
+        "the speculative tokens are the plain ones (greedy; invariant mode at T > 0); bound: beta/(2 - beta) of "
+        "the rejection run, the least invariant mode's acceptance can be; invariant mode's beta is its "
+        "acceptance rate"
+    )
+    for run in result["runs"]:
+        if run["noisy"]:
+            lines.append(
+                f"noisy: k={run['k']}, T={run['temperature']}: the plain baseline ranged "
+                f"{run['baseline_spread']:.2f}x across {repeats} repeats (the machine was busy?): its speed-up "
+                "is unreliable and not picked as the best k"
+            )
+    c = result["profile"]["c"]
+    best = ", ".join(f"T={t}: k={b['k']} ({b['speedup']:.2f}x)" for t, b in result["best_k"].items())
+    lines.append(
+        f"draft reads {result['draft_bytes_per_token'] / 1e6:.1f} MB of weights per token (target "
+        f"{result['target_bytes_per_pass'] / 1e6:.1f} MB per pass), c = {0.0 if c is None else c:.3f}; best k: "
+        + (best or "none (every run was noisy)")
+    )
+    return lines
+
+
+def peer_hf_lines(result: dict, max_new_tokens: int, repeats: int) -> list[str]:
+    """`bench --peer hf`: verispec against transformers' generate."""
+    lines = [f"{'system':>32} {'tok/s':>8} {'vs hf plain':>11} {'vs hf assisted':>14}  identical"]
+    for row in result["runs"]:
+        assisted = "-" if row["vs_transformers_assisted"] is None else f"{row['vs_transformers_assisted']:.2f}"
+        lines.append(
+            f"{row['system']:>32} {row['tokens_per_s']:>8.1f} {row['vs_transformers_plain']:>11.2f} "
+            f"{assisted:>14}  {row['identical_to_transformers_plain']}"
+        )
+    for row in result["runs"]:
+        diff = row["first_difference"]
+        if diff is not None:
+            lines.append(
+                f"{row['system']}: first differs from transformers plain at prompt {diff['prompt']}, token "
+                f"{diff['position']} ({diff['tokens'][1]} vs {diff['tokens'][0]}): the target's top-2 logit "
+                f"gap there is {diff['top2_gap']:.4f}" + (" (a near-tie)" if diff["top2_gap"] < 0.05 else "")
+            )
+    lines.append(
+        f"greedy, batch 1, {max_new_tokens} new tokens per prompt, {result['dtype']}, median of {repeats} rounds"
+    )
+    return lines
+
+
+def peer_llamacpp_lines(
+    result: dict, temperature: float, max_new_tokens: int, repeats: int, confidence_threshold: float
+) -> list[str]:
+    """`bench --peer llamacpp`: verispec on llama.cpp against llama-cpp-python and llama.cpp's own
+    speculative decoding."""
+    versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
+    header = (
+        f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec best':>22} {'alpha_hat':>9} "
+        f"{'own ms/pass':>11}  identical"
+    )
+    lines = [header]
+    for row in result["runs"]:
+        best = f"{row['vs_llamacpp_speculative_best']:.2f}" if versus else "-"
+        alpha = "-" if row.get("alpha_hat") is None else f"{row['alpha_hat']:.3f}"
+        own = (
+            "-"
+            if "own_ms_per_pass" not in row
+            else f"{row['own_ms_per_pass']:.2f} ({row['own_share_of_target_pass']:.0%})"
+        )
+        lines.append(
+            f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} {best:>22} "
+            f"{alpha:>9} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
+            f"({row.get('identical_prompts', '-')}/{result['prompts']})"
+        )
+    stop = (
+        f"; rows marked 'confidence {confidence_threshold:g}' stop drafting below that probability (llama.cpp's "
+        f"program: --spec-draft-p-min {confidence_threshold:g})"
+        if confidence_threshold
+        else ""
+    )
+    lines.append(
+        f"target {result['target_description']}, draft {result['draft_description']}; T={temperature}, batch 1, "
+        f"{max_new_tokens} new tokens per prompt, {result['threads']} threads, decode-only tokens/s, median of "
+        f"{repeats} rounds; own ms/pass: verispec's time outside llama.cpp per target pass (share of the target "
+        f"pass){stop}; {result['compiled_step']}"
+    )
+    return lines
+
+
+def plan_lines(report: dict) -> list[str]:
+    """`verispec plan`: per candidate, beta, c, alpha by position and the predicted speed-up per k."""
+    lines = []
+    for candidate in report["candidates"]:
+        share = (
+            ""
+            if candidate["proposal_share"] == 1.0
+            else f", proposes at {candidate['proposal_share']:.0%} of positions"
+        )
+        lines.append(
+            f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f}{share} -> "
+            f"{candidate['advice']}"
+        )
+        alphas = zip(candidate["alpha_by_position"], candidate["alpha_samples"])
+        lines.append(
+            "  alpha by position: "
+            + " ".join(f"{a:.2f}" if n else "-" for a, n in alphas)
+            + " ('-': no samples that deep)" * (0 in candidate["alpha_samples"])
+        )
+        lines.append(
+            "  predicted speed-up: " + " ".join(f"k={k}:{s:.2f}" for k, s in enumerate(candidate["predicted_speedup"]))
+        )
+    return lines
+
+
+def profile_lines(costs, draft, choices: list[dict]) -> list[str]:
+    """`verispec profile`: t_target(n) and r(n), the draft's cost, and the kernel chosen per shape."""
+    lines = [
+        f"t_target({n}) = {t * 1e3:7.2f} ms   r({n}) = {r:.2f}"
+        for n, (t, r) in enumerate(zip(costs.target_s, costs.r), 1)
+    ]
+    if draft is not None:
+        lines.append(
+            f"t_draft = {costs.draft_s * 1e3:.2f} ms per token ({draft.config.num_parameters / 1e6:.1f}M params)   "
+            f"c = {costs.c:.3f}"
+        )
+    for choice in choices:  # the kernel chosen per weight shape and row count, by measuring both here
+        n, k = choice["shape"]
+        lines.append(
+            f"linear {n}x{k}, {choice['rows']} rows: skinny kernel {choice['kernel_s'] * 1e3:.3f} ms, torch "
+            f"{choice['torch_s'] * 1e3:.3f} ms -> {'skinny kernel' if choice['kernel'] else 'torch'}"
+        )
+    return lines

@@ -1,0 +1,144 @@
+"""`verispec train data|target|teacher|draft|export`: the corpus, the target's pretraining, the
+teacher cache, the draft's distillation and the export of a run. Parses, checks the output
+directory first and calls verispec.training. Knows nothing of decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import check_directory, fail, positive
+
+
+def add_parser(commands) -> None:
+    train = commands.add_parser(
+        "train", help="prepare the corpus, pretrain the target, cache its distributions, or distil the draft"
+    )
+    train.add_argument(
+        "what",
+        choices=["data", "target", "teacher", "draft", "export"],
+        help="teacher: cache the --teacher's top-k next-token distributions over the training split "
+        "(resumable); export: write OUT/model from OUT/checkpoint.pt (a run so far)",
+    )
+    train.add_argument("--data", default="runs/data", help="data directory (tokenizer.json, train.bin, heldout.bin)")
+    train.add_argument("--out", help="output directory (checkpoint.pt, then model/); default runs/WHAT")
+    train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
+    train.add_argument(
+        "--teacher",
+        help="with 'draft': the target model directory to distil from (and measure acceptance "
+        "against); with 'teacher': the target whose distributions are cached (default: the built-in target)",
+    )
+    train.add_argument(
+        "--teacher-cache",
+        help="with 'draft': distil from this cache of 'verispec train teacher' (no target pass per step)",
+    )
+    train.add_argument(
+        "--teacher-top-k",
+        type=positive,
+        default=32,
+        help="with 'teacher': the most likely tokens kept per position, the rest pooled (default 32)",
+    )
+    train.add_argument(
+        "--chunk-windows",
+        type=positive,
+        default=64,
+        help="with 'teacher': windows per chunk file, the unit of resumption (default 64)",
+    )
+    train.add_argument("--vocab-size", type=int, default=8192, help="with 'data': BPE vocabulary size")
+    train.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    train.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    train.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    train.add_argument(
+        "--train-seed",
+        type=int,
+        default=0,
+        help="random seed of the initial weights and of the batches drawn (default 0)",
+    )
+    train.add_argument("--dtype", default="float32", help="autocast dtype: float32, or bfloat16 on CPUs with AMX")
+    train.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    train.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="held-out loss every N steps; export the best (0 = off: export the last)",
+    )
+    train.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0.0,
+        help="fit the schedule to this many seconds after 60 steps, and stop there at the latest "
+        "(0 = no limit); with 'teacher': stop after the chunk that crosses it",
+    )
+    train.add_argument(
+        "--stop-after",
+        type=float,
+        default=0.0,
+        help="checkpoint and stop after this many seconds, the "
+        "schedule unchanged: run the same command again to go on (0 = no limit)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..training import train
+
+    out = args.out or f"runs/{args.what}"
+    data_only = args.what == "data" and not args.out
+    check_directory(args.out or (args.data if args.what == "data" else out), "--data" if data_only else "--out")
+    if args.what == "data":
+        print(f"wrote {train.prepare_data(args.out or args.data, args.vocab_size)}")
+        return 0
+    if args.what == "teacher":
+        return _teacher(args)
+    if args.what == "draft" and args.teacher is None:
+        return fail("train draft needs --teacher DIR (the target to distil from)")
+    if args.what == "export" and args.preset is None:
+        return fail("train export needs --preset NAME (the run's architecture)")
+    preset = args.preset or args.what
+    if preset not in train.PRESETS:
+        return fail(f"--preset must be one of {sorted(train.PRESETS)}, got {preset!r}")
+    if args.what == "export":
+        if args.out is None:
+            return fail("train export needs --out DIR (the run directory holding checkpoint.pt)")
+        print(f"wrote {train.export_checkpoint(train.PRESETS[preset], args.out, args.data)}")
+        return 0
+    cfg = train.TrainConfig(
+        out=out,
+        data=args.data,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        seed=args.train_seed,
+        dtype=args.dtype,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        max_seconds=args.max_seconds,
+        stop_after=args.stop_after,
+        teacher=args.teacher if args.what == "draft" else None,
+        teacher_cache=args.teacher_cache if args.what == "draft" else None,
+    )
+    result = train.train(train.PRESETS[preset], cfg, progress=sys.stderr.isatty())
+    print(f"wrote {result / 'model'}")
+    return 0
+
+
+def _teacher(args: argparse.Namespace) -> int:
+    from ..pair import TARGET_DIR
+    from ..training.teacher import build_teacher_cache
+
+    out, missing = build_teacher_cache(
+        args.teacher or TARGET_DIR,
+        args.data,
+        args.out or "runs/teacher",
+        seq_len=args.seq_len,
+        top_k=args.teacher_top_k,
+        chunk_windows=args.chunk_windows,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        max_seconds=args.max_seconds,
+        progress=sys.stderr.isatty(),
+    )
+    print(f"wrote {out}" + (f": {missing} chunks still missing (run it again to go on)" if missing else ": complete"))
+    return 0
