@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from stats_helpers import assert_distributed_as
-from test_control import Scripted
+from test_policy import Scripted
 from test_engine import JOINT_N, JOINT_TOKENS, NEGATIVE_N, PROMPTS_1, PROMPTS_4, T1, _assert_joint_fails, tiny_llama
 from test_engine import _joint_counts as engine_joint_counts
 from toy_models import MarkovLM
