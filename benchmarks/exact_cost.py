@@ -35,12 +35,16 @@ for n in range(1, 6):
     cache = target.new_cache(1, 160); target.prefill([ids[:128]], cache)
     times = []
     for _ in range(21):
-        cache.rollback([128]); start = time.perf_counter(); target(torch.tensor([ids[128:128 + n]]), cache); times.append(time.perf_counter() - start)
+        cache.rollback([128])
+        start = time.perf_counter()
+        target(torch.tensor([ids[128 : 128 + n]]), cache)
+        times.append(time.perf_counter() - start)
     t[n] = statistics.median(times[1:])
 params = SamplingParams(temperature=0, max_new_tokens=new)
 out = {"t1_ms": 1e3 * t[1], "r": {n: t[n] / t[1] for n in range(2, 6)}}
 for name, drafter, k in (("plain", None, 0), ("spec", "draft", 3)):
-    generate_all(target, [prompts[0]], SamplingParams(temperature=0, max_new_tokens=8), ModelDrafter(draft) if drafter else None, k=k)
+    warm = SamplingParams(temperature=0, max_new_tokens=8)
+    generate_all(target, [prompts[0]], warm, ModelDrafter(draft) if drafter else None, k=k)
     start, count = time.perf_counter(), 0
     for p in prompts:
         count += len(generate_all(target, [p], params, ModelDrafter(draft) if drafter else None, k=k)[0])
@@ -80,7 +84,9 @@ def child(argv: list[str], timeout: float) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", required=True, help="holds target-TYPE.gguf for each type (made with verispec convert)")
+    parser.add_argument(
+        "--dir", required=True, help="holds target-TYPE.gguf for each type (made with verispec convert)"
+    )
     parser.add_argument("--types", default="f32,F16,Q8_0,Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q6_K")
     parser.add_argument("--prompts", default=str(Path(__file__).parent / "heldout.jsonl"))
     parser.add_argument("--max-prompts", type=int, default=4)
@@ -88,23 +94,27 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from verispec.models.gguf_convert import cached_gguf
     from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
+    from verispec.models.gguf_convert import cached_gguf
     from verispec.pair import DRAFT_DIR
 
     draft = str(cached_gguf(DRAFT_DIR, "f32"))
-    texts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()][: args.max_prompts]
+    texts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()][
+        : args.max_prompts
+    ]
     report = {}
     for name in args.types.split(","):
         path = str(Path(args.dir) / f"target-{name}.gguf")
         prompts = json.dumps([GGUFTokenizer(LlamaCppModel(path, n_threads=1)).encode(t).ids for t in texts])
         rounds = []
         for _ in range(args.rounds):
-            rounds.append({
-                "on": child([VERISPEC, "on", path, draft, prompts, str(args.max_new_tokens)], 600),
-                "off": child([VERISPEC, "off", path, draft, prompts, str(args.max_new_tokens)], 600),
-                "llama.cpp": child([PEER, path, prompts, str(args.max_new_tokens)], 600),
-            })
+            rounds.append(
+                {
+                    "on": child([VERISPEC, "on", path, draft, prompts, str(args.max_new_tokens)], 600),
+                    "off": child([VERISPEC, "off", path, draft, prompts, str(args.max_new_tokens)], 600),
+                    "llama.cpp": child([PEER, path, prompts, str(args.max_new_tokens)], 600),
+                }
+            )
         report[name] = rounds
         print(f"{name}: " + json.dumps(summary(rounds)), file=sys.stderr, flush=True)
     print(table(report))
@@ -120,7 +130,8 @@ def _median(rounds: list[dict], f) -> float:
 
 def summary(rounds: list[dict]) -> dict:
     return {
-        "t1_on_ms": _median(rounds, lambda r: r["on"]["t1_ms"]), "t1_off_ms": _median(rounds, lambda r: r["off"]["t1_ms"]),
+        "t1_on_ms": _median(rounds, lambda r: r["on"]["t1_ms"]),
+        "t1_off_ms": _median(rounds, lambda r: r["off"]["t1_ms"]),
         "r_on": [round(_median(rounds, lambda r, n=n: r["on"]["r"][str(n)]), 2) for n in range(2, 6)],
         "r_off": [round(_median(rounds, lambda r, n=n: r["off"]["r"][str(n)]), 2) for n in range(2, 6)],
         "plain_on_over_off": _median(rounds, lambda r: r["on"]["plain_tok_s"] / r["off"]["plain_tok_s"]),
@@ -132,13 +143,19 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = ["| type | t(1) ms on / off | r(2..5) on | r(2..5) off | plain on/off | spec on/off | spec on / llama.cpp plain "
-             "| spec off / llama.cpp plain | plain on / llama.cpp plain |", "|---" * 9 + "|"]
+    lines = [
+        "| type | t(1) ms on / off | r(2..5) on | r(2..5) off | plain on/off | spec on/off | spec on / llama.cpp plain "
+        "| spec off / llama.cpp plain | plain on / llama.cpp plain |",
+        "|---" * 9 + "|",
+    ]
     for name, rounds in report.items():
         s = summary(rounds)
-        lines.append(f"| {name} | {s['t1_on_ms']:.1f} / {s['t1_off_ms']:.1f} | {', '.join(map(str, s['r_on']))} | "
-                     f"{', '.join(map(str, s['r_off']))} | {s['plain_on_over_off']:.2f} | {s['spec_on_over_off']:.2f} | "
-                     f"{s['spec_on_over_llama_plain']:.2f} | {s['spec_off_over_llama_plain']:.2f} | {s['plain_on_over_llama_plain']:.2f} |")
+        lines.append(
+            f"| {name} | {s['t1_on_ms']:.1f} / {s['t1_off_ms']:.1f} | {', '.join(map(str, s['r_on']))} | "
+            f"{', '.join(map(str, s['r_off']))} | {s['plain_on_over_off']:.2f} | {s['spec_on_over_off']:.2f} | "
+            f"{s['spec_on_over_llama_plain']:.2f} | {s['spec_off_over_llama_plain']:.2f} | "
+            f"{s['plain_on_over_llama_plain']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from verispec import AdaptiveLength, ModelDrafter, PromptLookupDrafter, SamplingParams, generate_all
-from verispec.models.gguf_convert import cached_gguf
-from verispec.llamacpp.quantize import quantize
 from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, set_exact_kernels
+from verispec.llamacpp.quantize import quantize
+from verispec.models.gguf_convert import cached_gguf
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 
 
@@ -73,14 +73,23 @@ def main() -> int:
                     policy = AdaptiveLength() if k == "auto" else k
                     row = generate_all(target, [prompt], params, drafter, k=policy)[0]
                     if row != plain[i]:
-                        first = next((j for j, (a, b) in enumerate(zip(row, plain[i])) if a != b), min(len(row), len(plain[i])))
+                        first = next(
+                            (j for j, (a, b) in enumerate(zip(row, plain[i])) if a != b), min(len(row), len(plain[i]))
+                        )
                         differing.setdefault(f"{drafter_name} k={k}", []).append((i, first))
         batched = generate_all(target, prompts, params, ModelDrafter(draft), k=4)
         batch_differs = [i for i, (a, b) in enumerate(zip(batched, plain)) if a != b]
         peer = llama_cpp_plain(path, prompts, args.max_new_tokens)
         peer_differs = [i for i, (a, b) in enumerate(zip(peer, plain)) if a != b]
-        line = {"type": name, "prompts": len(prompts), "exact_kernels": exact_kernels(), "speculative_differs": differing,
-                "batched_k4_differs": batch_differs, "llama_cpp_plain_differs": peer_differs, "seconds": round(time.perf_counter() - started, 1)}
+        line = {
+            "type": name,
+            "prompts": len(prompts),
+            "exact_kernels": exact_kernels(),
+            "speculative_differs": differing,
+            "batched_k4_differs": batch_differs,
+            "llama_cpp_plain_differs": peer_differs,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         report.append(line)
         print(json.dumps(line), flush=True)
     (out / f"exact-types-{args.exact_kernels}.json").write_text(json.dumps(report, indent=1))

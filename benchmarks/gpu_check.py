@@ -61,14 +61,22 @@ def main() -> int:
     counts = churn(target, ModelDrafter(draft), args.n, seed=700)
     ok = is_distributed_as(counts, exact, are_counts=True)
     failed += not ok
-    print(f"churn, model draft, k=3, {args.n} requests: {'exact' if ok else 'NOT EXACT'} ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(
+        f"churn, model draft, k=3, {args.n} requests: {'exact' if ok else 'NOT EXACT'} "
+        f"({time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
 
     started = time.perf_counter()
     counts = churn(target, ModelDrafter(draft), max(args.n // 3, 2000), seed=790, batch_cls=PendsTheWrongTokenOnDevice)
     caught = not is_distributed_as(counts, exact, are_counts=True)
     failed += not caught
-    print(f"negative control (a join pends the wrong token): {'fails, as it must' if caught else 'PASSES: the test sees nothing'}"
-          f" ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(
+        "negative control (a join pends the wrong token): "
+        f"{'fails, as it must' if caught else 'PASSES: the test sees nothing'}"
+        f" ({time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
 
     rng = random.Random(5)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 8))] for _ in range(32)]
@@ -77,7 +85,10 @@ def main() -> int:
     alone = [generate_all(target, [prompt], greedy, drafter=None)[0] for prompt in prompts]
     same = sum(a == b for a, b in zip(batched, alone))
     failed += same != len(prompts)
-    print(f"greedy, 32 rows with a draft in one batch against each alone and plain: {same}/{len(prompts)} identical", flush=True)
+    print(
+        f"greedy, 32 rows with a draft in one batch against each alone and plain: {same}/{len(prompts)} identical",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

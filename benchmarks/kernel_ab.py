@@ -36,7 +36,13 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "show", f"{args.rev}:verispec/csrc/skinny_linear.cpp"], cwd=root, check=True, capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{args.rev}:verispec/csrc/skinny_linear.cpp"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     old_cpp = Path(tempfile.mkdtemp()) / "skinny_old.cpp"
     old_cpp.write_text(source)
     flags = dict(extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
@@ -62,7 +68,10 @@ def main() -> None:
                     times.setdefault((name, n), []).append(time.perf_counter() - started)
                     cache.rollback(lengths)
     base = statistics.median(times[("old", 1)])
-    print(f"r(n) = median pass time / old kernel's median at n = 1 ({base * 1e3:.1f} ms); {args.rounds} interleaved rounds, context {args.context}")
+    print(
+        f"r(n) = median pass time / old kernel's median at n = 1 ({base * 1e3:.1f} ms); {args.rounds} interleaved "
+        f"rounds, context {args.context}"
+    )
     print("| n | " + " | ".join(str(n) for n in ns) + " |")
     print("|---|" + "---|" * len(ns))
     for name, label in (("old", f"{args.rev[:7]} (old)"), ("new", "this checkout")):

@@ -22,7 +22,10 @@ import sys
 import time
 
 SETTINGS = {  # name -> (environment changes of the child, its n_threads: None = verispec's choice)
-    "default": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"}, 2),  # llama.cpp's: every core, libgomp's default waits
+    "default": (
+        {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"},
+        2,
+    ),  # llama.cpp's: every core, libgomp's default waits
     "verispec": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}, None),  # verispec's defaults: 1,000 spins, every core
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": ""}, 2),  # threads sleep at once at a barrier
     "spin300": ({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300"}, None),  # spin 300 times, then sleep
@@ -31,7 +34,8 @@ SETTINGS = {  # name -> (environment changes of the child, its n_threads: None =
 
 CHILD = r"""
 import json, sys, time
-import verispec  # before torch: verispec sets how long OpenMP threads spin, which libgomp reads once, when torch loads it
+# verispec first: it sets how long OpenMP threads spin, which libgomp reads once, when torch loads it
+import verispec
 import torch
 from verispec import SamplingParams, generate_all
 from verispec.llamacpp import LlamaCppModel
@@ -67,8 +71,14 @@ def _env(changes: dict) -> dict:
 def run_child(path: str, new: int, setting: str, timeout: float) -> float:
     changes, threads = SETTINGS[setting]
     env = _env(changes)
-    done = subprocess.run([sys.executable, "-c", CHILD, path, str(new), str(threads or 0)], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, path, str(new), str(threads or 0)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
         return float("nan")
     return json.loads(done.stdout.strip().splitlines()[-1])["tok_s"]
@@ -81,7 +91,9 @@ def start_competitor(kind: str, path: str) -> subprocess.Popen | None:
         return subprocess.Popen([sys.executable, "-c", "while True: pass"])
     # another llama.cpp process with llama.cpp's (libgomp's) default waits, as an unmodified program has
     env = _env({"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"})
-    process = subprocess.Popen([sys.executable, "-c", COMPETITOR, path], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-c", COMPETITOR, path], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     time.sleep(4)  # loaded and decoding
     return process
 
@@ -114,15 +126,32 @@ def main() -> int:
                 if process is not None:
                     process.kill()
                     process.wait()
-        print(f"round {round_ + 1}: " + json.dumps({f"{s}/{c}": round(v[-1], 1) for (s, c), v in found.items()}), file=sys.stderr, flush=True)
+        print(
+            f"round {round_ + 1}: " + json.dumps({f"{s}/{c}": round(v[-1], 1) for (s, c), v in found.items()}),
+            file=sys.stderr,
+            flush=True,
+        )
     rows = []
-    print(f"| setting | {' | '.join(f'{c} tok/s' for c in competitors)} | {' | '.join(f'{c} / idle' for c in competitors if c != 'idle')} |")
+    print(
+        f"| setting | {' | '.join(f'{c} tok/s' for c in competitors)} | "
+        f"{' | '.join(f'{c} / idle' for c in competitors if c != 'idle')} |"
+    )
     print("|---" * (2 * len(competitors)) + "|")
     for setting in settings:
         medians = {c: statistics.median(found[setting, c]) for c in competitors}
         ratios = {c: medians[c] / medians["idle"] for c in competitors if c != "idle"} if "idle" in medians else {}
-        rows.append({"setting": setting, "medians": medians, "ratios": ratios, "runs": {c: found[setting, c] for c in competitors}})
-        print(f"| {setting} | {' | '.join(f'{medians[c]:.1f}' for c in competitors)} | {' | '.join(f'{r:.2f}' for r in ratios.values())} |")
+        rows.append(
+            {
+                "setting": setting,
+                "medians": medians,
+                "ratios": ratios,
+                "runs": {c: found[setting, c] for c in competitors},
+            }
+        )
+        print(
+            f"| {setting} | {' | '.join(f'{medians[c]:.1f}' for c in competitors)} | "
+            f"{' | '.join(f'{r:.2f}' for r in ratios.values())} |"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"target": path, "new": args.new, "rounds": args.rounds, "rows": rows}, handle, indent=1)

@@ -58,4 +58,7 @@ def tiny_teacher(small_corpus, tmp_path_factory):
 
     from verispec.training.train import PRESETS, train
 
-    return train(PRESETS["tiny"], small_config(small_corpus, tmp_path_factory.mktemp("teacher"), 60), progress=False) / "model"
+    return (
+        train(PRESETS["tiny"], small_config(small_corpus, tmp_path_factory.mktemp("teacher"), 60), progress=False)
+        / "model"
+    )

@@ -77,8 +77,9 @@ def _counts_and_probs(samples_or_counts, probs, are_counts: bool):
     return counts, probs
 
 
-def _report(counts: np.ndarray, probs: np.ndarray, stat: float, df: int, thr: float,
-            false_failure: float, label: str) -> str:
+def _report(
+    counts: np.ndarray, probs: np.ndarray, stat: float, df: int, thr: float, false_failure: float, label: str
+) -> str:
     n = counts.sum()
     p = probs / probs.sum()
     expected = n * p
@@ -92,26 +93,36 @@ def _report(counts: np.ndarray, probs: np.ndarray, stat: float, df: int, thr: fl
         f"empirical TV distance {0.5 * np.abs(counts / n - p).sum():.4g}",
     ]
     if zero_hits.size:
-        lines.append(f"  tokens with probability 0 drawn: "
-                     f"{ {int(t): int(counts[t]) for t in zero_hits} }")
+        lines.append(f"  tokens with probability 0 drawn: { {int(t): int(counts[t]) for t in zero_hits} }")
     lines.append("  token: observed / expected (largest deviations)")
     for t in worst:
         lines.append(f"  {int(t):5d}: {int(counts[t]):8d} / {expected[t]:10.1f}")
     return "\n".join(lines)
 
 
-def is_distributed_as(samples_or_counts, probs, *, are_counts: bool = False,
-                      false_failure: float = FALSE_FAILURE,
-                      min_expected: float = MIN_EXPECTED) -> bool:
+def is_distributed_as(
+    samples_or_counts,
+    probs,
+    *,
+    are_counts: bool = False,
+    false_failure: float = FALSE_FAILURE,
+    min_expected: float = MIN_EXPECTED,
+) -> bool:
     """True when the chi-square test against the exact `probs` does not reject."""
     counts, p = _counts_and_probs(samples_or_counts, probs, are_counts)
     stat, df = chi_square(counts, p, min_expected)
     return stat <= threshold(df, false_failure)
 
 
-def assert_distributed_as(samples_or_counts, probs, *, are_counts: bool = False,
-                          false_failure: float = FALSE_FAILURE,
-                          min_expected: float = MIN_EXPECTED, label: str = "") -> None:
+def assert_distributed_as(
+    samples_or_counts,
+    probs,
+    *,
+    are_counts: bool = False,
+    false_failure: float = FALSE_FAILURE,
+    min_expected: float = MIN_EXPECTED,
+    label: str = "",
+) -> None:
     """Assert that samples (token ids, any shape) or counts (with are_counts=True) are
     consistent with the exact distribution `probs` [V] at the given false-failure rate."""
     counts, p = _counts_and_probs(samples_or_counts, probs, are_counts)

@@ -57,8 +57,17 @@ def exact(target):
 
 def _other(rng: random.Random) -> tuple[list[int], SamplingParams]:
     """A background request: another prompt, other settings, a longer budget."""
-    settings = rng.choice([dict(temperature=0), dict(temperature=1.3), dict(temperature=0.6, top_p=0.8), dict(temperature=1.0, sampling="invariant")])
-    return rng.choice(OTHER_PROMPTS), SamplingParams(**settings, max_new_tokens=rng.randint(2, 9), seed=rng.randrange(2**40))
+    settings = rng.choice(
+        [
+            dict(temperature=0),
+            dict(temperature=1.3),
+            dict(temperature=0.6, top_p=0.8),
+            dict(temperature=1.0, sampling="invariant"),
+        ]
+    )
+    return rng.choice(OTHER_PROMPTS), SamplingParams(
+        **settings, max_new_tokens=rng.randint(2, 9), seed=rng.randrange(2**40)
+    )
 
 
 def churn(model, drafter, n: int, seed: int, batch_cls=Batch, k: int = 3) -> np.ndarray:
@@ -85,7 +94,11 @@ def churn(model, drafter, n: int, seed: int, batch_cls=Batch, k: int = 3) -> np.
             if rng.random() < 0.3:  # not every free row at every pass
                 continue
             if rng.random() < 0.75:
-                prompt, p, kind = PROMPT, SamplingParams(**SETTING, max_new_tokens=TOKENS, seed=rng.randrange(2**40)), "probe"
+                prompt, p, kind = (
+                    PROMPT,
+                    SamplingParams(**SETTING, max_new_tokens=TOKENS, seed=rng.randrange(2**40)),
+                    "probe",
+                )
             else:
                 (prompt, p), kind = _other(rng), "other"
             prompts.append(prompt), params.append(p), ids.append(next_id)
@@ -114,7 +127,9 @@ class PendsTheWrongToken(Batch):
 
 @pytest.mark.parametrize("name", ["model", "ngram", "early-exit"])
 def test_joint_distribution_is_exact_under_churn(target, made, exact, name):
-    counts = churn(target, DRAFTERS[name](target, made), 20_000, seed=700 + ["model", "ngram", "early-exit"].index(name))
+    counts = churn(
+        target, DRAFTERS[name](target, made), 20_000, seed=700 + ["model", "ngram", "early-exit"].index(name)
+    )
     assert_distributed_as(counts, exact, are_counts=True, label=f"churn {name} {SETTING} k=3")
 
 
@@ -132,7 +147,9 @@ def _joined_midway(model, drafter, prompts, params, k=3) -> list[list[int]]:
     rng = random.Random(5)
     batch = Batch(model, [], [], drafter, k=k, capacity=len(prompts) + 3, compiled=False, max_length=64)
     background = [_other(rng) for _ in range(3)]
-    batch.join([p for p, _ in background], [replace(q, max_new_tokens=40) for _, q in background], ["bg0", "bg1", "bg2"])
+    batch.join(
+        [p for p, _ in background], [replace(q, max_new_tokens=40) for _, q in background], ["bg0", "bg1", "bg2"]
+    )
     outputs: dict[int, list[int]] = {}
     waiting = list(range(len(prompts)))
     while waiting or any(i in outputs for i in batch.ids):
@@ -205,7 +222,9 @@ def test_logprobs_are_the_targets_raw_log_probabilities_of_the_committed_tokens(
         logprobs += batch.last_logprobs.get("with", [])
     assert len(logprobs) == len(tokens) == 10
     with torch.no_grad():
-        reference = torch.log_softmax(target(torch.tensor([PROMPT + tokens]))[0, len(PROMPT) - 1 : -1].float(), dim=-1)  # [10, V]
+        reference = torch.log_softmax(
+            target(torch.tensor([PROMPT + tokens]))[0, len(PROMPT) - 1 : -1].float(), dim=-1
+        )  # [10, V]
     for j, (token, (chosen, top)) in enumerate(zip(tokens, logprobs)):
         assert chosen == pytest.approx(float(reference[j, token]), abs=1e-5)
         assert len(top) == 2 and max(top.values()) == pytest.approx(float(reference[j].max()), abs=1e-5)
@@ -246,7 +265,10 @@ def _staged_midway(model, drafter, prompts, params, piece: int = 2, k: int = 3) 
 def test_prompts_read_piece_by_piece_before_joining_give_plain_greedy(target, made, name):
     prompts = [PROMPT + [1, 3, 0, 2], [0, 4, 4, 2, 1, 3], [3, 3, 1]]
     plain = generate_all(target, prompts, GREEDY)
-    assert Batch(target, [], [], DRAFTERS[name](target, made), k=3, capacity=2, compiled=False, max_length=64).reserve() is not None
+    assert (
+        Batch(target, [], [], DRAFTERS[name](target, made), k=3, capacity=2, compiled=False, max_length=64).reserve()
+        is not None
+    )
     assert _staged_midway(target, DRAFTERS[name](target, made), prompts, [GREEDY] * len(prompts)) == plain
 
 
@@ -279,7 +301,9 @@ def _self_drafted(model, monkeypatch) -> tuple[list[int], int]:
     and how many draft passes ran while the batch was plain."""
     drafter = ModelDrafter(model)
     calls = []
-    monkeypatch.setattr(drafter, "read_joined", lambda read=drafter.read_joined: (calls.append(drafter.joined_unread), read())[1])
+    monkeypatch.setattr(
+        drafter, "read_joined", lambda read=drafter.read_joined: (calls.append(drafter.joined_unread), read())[1]
+    )
     batch = Batch(model, [], [], drafter, k=_PlainThen(4), capacity=4, compiled=False, max_length=64)
     params = SamplingParams(temperature=0, max_new_tokens=30)
     batch.join([[1, 2, 3, 0, 4, 4, 2]], [params], ["a"])
@@ -325,7 +349,9 @@ def test_a_staged_row_counts_against_the_capacity_and_can_be_given_up(target, ma
 def test_a_transformers_target_takes_rows_midway(made):
     from test_exactness import _gpt2_draft
 
-    hf_target = made.setdefault("gpt2", _gpt2_draft())  # any transformers causal LM (HFCache: keep_rows, add_rows; no reserved rows)
+    hf_target = made.setdefault(
+        "gpt2", _gpt2_draft()
+    )  # any transformers causal LM (HFCache: keep_rows, add_rows; no reserved rows)
     prompts = OTHER_PROMPTS + [PROMPT]
     plain = generate_all(hf_target, prompts, GREEDY)
     assert _joined_midway(hf_target, ModelDrafter(llama(1, 12)), prompts, [GREEDY] * len(prompts)) == plain

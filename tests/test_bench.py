@@ -6,11 +6,11 @@ import json
 import pytest
 
 from verispec.analysis.bench import run_bench, write_reports
+from verispec.analysis.profile import context_bucket, profile_costs
 from verispec.cli import main
 from verispec.drafters.model import ModelDrafter
 from verispec.models.checkpoint import load_pretrained
 from verispec.models.toy import make_toy_pair
-from verispec.analysis.profile import context_bucket, profile_costs
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,9 @@ def test_profile_has_one_time_per_position_count_and_a_draft_ratio(pair):
     profile = profile_costs(target, draft, k_max=3, context_length=20, repeats=3, use_cache=False)
     assert len(profile.target_s) == 4 and all(t > 0 for t in profile.target_s)
     assert profile.r[0] == 1.0 and profile.c > 0 and profile.context_length == 32
-    assert profile_costs(target, draft, k_max=3, context_length=30, repeats=3) is profile_costs(target, draft, k_max=3, context_length=17, repeats=3)
+    assert profile_costs(target, draft, k_max=3, context_length=30, repeats=3) is profile_costs(
+        target, draft, k_max=3, context_length=17, repeats=3
+    )
     assert [context_bucket(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
     with pytest.raises(ValueError, match="k_max"):
         profile_costs(target, draft, k_max=-1)
@@ -33,9 +35,26 @@ def test_profile_has_one_time_per_position_count_and_a_draft_ratio(pair):
 def test_bench_reports_every_run_with_the_documented_fields(pair, tmp_path):
     _, _, target, draft = pair
     prompts = [[1, 2, 3, 4], [50, 60]]
-    result = run_bench(target, lambda: ModelDrafter(draft), prompts, [1, 3, "auto"], [0.0, 1.0], max_new_tokens=6, repeats=2, draft_model=draft, progress=False)
+    result = run_bench(
+        target,
+        lambda: ModelDrafter(draft),
+        prompts,
+        [1, 3, "auto"],
+        [0.0, 1.0],
+        max_new_tokens=6,
+        repeats=2,
+        draft_model=draft,
+        progress=False,
+    )
     runs = result["runs"]
-    assert [(r["temperature"], r["k"]) for r in runs] == [(0.0, 1), (0.0, 3), (0.0, "auto"), (1.0, 1), (1.0, 3), (1.0, "auto")]
+    assert [(r["temperature"], r["k"]) for r in runs] == [
+        (0.0, 1),
+        (0.0, 3),
+        (0.0, "auto"),
+        (1.0, 1),
+        (1.0, 3),
+        (1.0, "auto"),
+    ]
     for run in runs:
         assert run["speedup_min"] <= run["speedup"] <= run["speedup_max"]
         assert run["tokens_per_s_baseline"] > 0 and run["tokens_per_s_speculative"] > 0
@@ -50,10 +69,24 @@ def test_bench_reports_every_run_with_the_documented_fields(pair, tmp_path):
 
 def test_bench_runs_both_sampling_modes_with_the_bound_beside_invariant_acceptance(pair, tmp_path, capsys):
     _, _, target, draft = pair
-    result = run_bench(target, lambda: ModelDrafter(draft), [[1, 2, 3, 4], [50, 60]], [2], [0.0, 0.9], max_new_tokens=8, repeats=1,
-                       draft_model=draft, progress=False, samplings=("rejection", "invariant"))
+    result = run_bench(
+        target,
+        lambda: ModelDrafter(draft),
+        [[1, 2, 3, 4], [50, 60]],
+        [2],
+        [0.0, 0.9],
+        max_new_tokens=8,
+        repeats=1,
+        draft_model=draft,
+        progress=False,
+        samplings=("rejection", "invariant"),
+    )
     runs = result["runs"]
-    assert [(r["temperature"], r["sampling"]) for r in runs] == [(0.0, "rejection"), (0.9, "rejection"), (0.9, "invariant")]
+    assert [(r["temperature"], r["sampling"]) for r in runs] == [
+        (0.0, "rejection"),
+        (0.9, "rejection"),
+        (0.9, "invariant"),
+    ]
     invariant, rejection = runs[2], runs[1]
     assert invariant["invariant_identical"] is True and rejection["invariant_identical"] is None
     assert invariant["invariant_bound"] == pytest.approx(rejection["beta"] / (2 - rejection["beta"]))
@@ -61,7 +94,22 @@ def test_bench_runs_both_sampling_modes_with_the_bound_beside_invariant_acceptan
     target_dir, draft_dir, _, _ = pair
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
-    assert main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--sampling", "greedy"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(target_dir),
+                "--draft",
+                str(draft_dir),
+                "--prompts",
+                str(prompts),
+                "--sampling",
+                "greedy",
+            ]
+        )
+        == 2
+    )
     assert "--sampling must list rejection and/or invariant" in capsys.readouterr().err
 
 
@@ -69,7 +117,25 @@ def test_bench_command_prints_a_table(pair, tmp_path, capsys):
     target_dir, draft_dir, _, _ = pair
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
-    code = main(["bench", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "4", "--repeats", "1", "--json", str(tmp_path / "o.json")])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(target_dir),
+            "--draft",
+            str(draft_dir),
+            "--prompts",
+            str(prompts),
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+            str(tmp_path / "o.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "includes the recovered/bonus token" in out and (tmp_path / "o.json").exists()
     prompts.write_text("not json\n")
@@ -92,13 +158,19 @@ def test_position_alphas_from_known_betas():
 def test_plan_recommends_speculation_for_a_self_draft_and_not_for_a_random_one(pair, tmp_path, capsys):
     """The target as its own draft (beta = 1) pays at any c < 1 with r(n) near 1; a draft that
     disagrees everywhere (beta = 0) never pays."""
+    from verispec.analysis.plan import plan
     from verispec.config import SamplingParams
     from verispec.models.llama import LlamaForCausalLM, init_weights
-    from verispec.analysis.plan import plan
 
     _, _, target, _ = pair
     hostile = init_weights(LlamaForCausalLM(target.config.replace(num_hidden_layers=1)), std=2.0, seed=5).eval()
-    report = plan(target, {"self": target, "hostile": hostile}, [[1, 2, 3], [9, 8]], SamplingParams(temperature=0, max_new_tokens=12), k_max=4)
+    report = plan(
+        target,
+        {"self": target, "hostile": hostile},
+        [[1, 2, 3], [9, 8]],
+        SamplingParams(temperature=0, max_new_tokens=12),
+        k_max=4,
+    )
     self_, bad = report["candidates"]
     assert self_["beta"] == pytest.approx(1.0) and self_["alpha_by_position"] == pytest.approx([1.0] * 4)
     assert self_["predicted_speedup"][0] == 1.0 and len(self_["predicted_speedup"]) == 5
@@ -120,14 +192,58 @@ def test_peer_bench_against_transformers_reports_identical_greedy_tokens(pair, t
     prompts.write_text('{"prompt": "def f(x):"}\n')
     # verispec's PyTorch model against transformers on the same weights (on llama.cpp, with its f16 KV cache and flash
     # attention, a near-tie may fall the other way; the report then names the logit gap: the test after this one)
-    assert main(["bench", "--peer", "hf", "--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts),
-                 "--k", "3", "--max-new-tokens", "6", "--repeats", "1", "--backend", "torch", "--json", str(tmp_path / "peer.json")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--peer",
+                "hf",
+                "--target",
+                str(target_dir),
+                "--draft",
+                str(draft_dir),
+                "--prompts",
+                str(prompts),
+                "--k",
+                "3",
+                "--max-new-tokens",
+                "6",
+                "--repeats",
+                "1",
+                "--backend",
+                "torch",
+                "--json",
+                str(tmp_path / "peer.json"),
+            ]
+        )
+        == 0
+    )
     runs = {r["system"]: r for r in json.loads((tmp_path / "peer.json").read_text())["runs"]}
     assert set(runs) == {"verispec plain", "transformers plain", "verispec k=3", "transformers assisted k=3"}
     assert all(r["identical_to_transformers_plain"] for r in runs.values())
     assert runs["transformers assisted k=3"]["vs_transformers_assisted"] == 1.0
-    assert main(["bench", "--peer", "hf", "--target", str(target_dir), "--draft", "ngram", "--prompts", str(prompts),
-                 "--k", "2", "--max-new-tokens", "6", "--repeats", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--peer",
+                "hf",
+                "--target",
+                str(target_dir),
+                "--draft",
+                "ngram",
+                "--prompts",
+                str(prompts),
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--repeats",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "transformers prompt lookup k=2" in capsys.readouterr().out
 
 
@@ -137,7 +253,19 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     target_dir, draft_dir, _, _ = pair
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "ab ab ab"}\n')
-    common = ["bench", "--peer", "llamacpp", "--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--repeats", "1"]
+    common = [
+        "bench",
+        "--peer",
+        "llamacpp",
+        "--target",
+        str(target_dir),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "1",
+    ]
     assert main(common + ["--draft", str(draft_dir), "--k", "2,auto", "--json", str(tmp_path / "peer.json")]) == 0
     report = json.loads((tmp_path / "peer.json").read_text())
     runs = {r["system"]: r for r in report["runs"]}
@@ -147,7 +275,22 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     assert all(runs[s]["identical_to_verispec_plain"] for s in ("verispec plain", "verispec k=2", "verispec k=auto"))
     assert len({runs[s]["identical_prompts"] for s in ("verispec plain", "verispec k=2", "verispec k=auto")}) == 1
     assert runs["verispec k=2"]["alpha_hat"] is not None and runs["verispec k=2"]["own_ms_per_pass"] > 0
-    assert main(common + ["--draft", str(draft_dir), "--k", "2", "--confidence-threshold", "0.5", "--json", str(tmp_path / "confident.json")]) == 0
+    assert (
+        main(
+            common
+            + [
+                "--draft",
+                str(draft_dir),
+                "--k",
+                "2",
+                "--confidence-threshold",
+                "0.5",
+                "--json",
+                str(tmp_path / "confident.json"),
+            ]
+        )
+        == 0
+    )
     runs = {r["system"]: r for r in json.loads((tmp_path / "confident.json").read_text())["runs"]}
     assert {"verispec k=2", "verispec k=2, confidence 0.5"} <= set(runs)  # each draft length with and without the stop
     assert main(common + ["--draft", "ngram", "--k", "2"]) == 0
@@ -176,8 +319,8 @@ def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
 
 
 def test_plan_scores_prompt_lookup_by_its_proposal_after_each_true_prefix():
-    from verispec.drafters.ngram import PromptLookupDrafter
     from verispec.analysis.plan import _lookup
+    from verispec.drafters.ngram import PromptLookupDrafter
 
     proposals, found = _lookup(PromptLookupDrafter(), [5, 6, 7, 5, 6, 7, 5], 4, 2)  # prefixes ..5 / ..5 6 / ..5 6 7
     assert proposals.tolist() == [[6, 7], [7, 5], [5, 6]] and found.tolist() == [True, True, True]
@@ -215,10 +358,10 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     """Greedy: beta is 0 or 1, so the replay's cost with c = 0 and r = 1 is the number of
     target passes the engine makes on the same continuation, for a draft model and for
     prompt lookup (whose blocks start after rejections, not at every position)."""
+    from verispec.analysis.plan import replay_cost, teacher_forced_blocks
     from verispec.config import SamplingParams
     from verispec.drafters.ngram import PromptLookupDrafter
     from verispec.engine import generate_all
-    from verispec.analysis.plan import replay_cost, teacher_forced_blocks
     from verispec.stats import SpecStats
 
     _, _, target, draft = pair
@@ -242,10 +385,35 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x): return f(x)"}\n')
     common = ["--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "6"]
-    assert main(["plan", *common, "--k-max", "2", "--draft", str(draft_dir), "--draft", "ngram", "--draft", "early-exit:1"]) == 0
+    assert (
+        main(
+            ["plan", *common, "--k-max", "2", "--draft", str(draft_dir), "--draft", "ngram", "--draft", "early-exit:1"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("draft ")] == [f"draft {draft_dir}", "draft ngram", "draft early-exit"]
-    assert main(["bench", *common, "--draft", "early-exit:1", "--k", "2", "--repeats", "1", "--json", str(tmp_path / "e.json")]) == 0
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("draft ")] == [
+        f"draft {draft_dir}",
+        "draft ngram",
+        "draft early-exit",
+    ]
+    assert (
+        main(
+            [
+                "bench",
+                *common,
+                "--draft",
+                "early-exit:1",
+                "--k",
+                "2",
+                "--repeats",
+                "1",
+                "--json",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "e.json").read_text())
     assert 0 < result["draft_bytes_per_token"] < result["target_bytes_per_pass"] and result["best_k"]["0.0"]["k"] == 2
     assert result["runs"][0]["greedy_identical"] is True

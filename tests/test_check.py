@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy import stats
 
-from verispec.analysis import check as check_module
 from verispec import rejection
+from verispec.analysis import check as check_module
 from verispec.analysis.chisquare import chi_square, detectable_tv, threshold
 from verispec.cli import main
 from verispec.config import SamplingParams
@@ -49,7 +49,9 @@ def _pq(vocab: int = 40, seed: int = 0):
 def test_one_position_verified_n_times_is_distributed_as_p(mode, deterministic):
     p, q = _pq()
     proposal = int(p.argmax())
-    counts, accepted = check_module.verify_position(p, None if deterministic else q, proposal, SamplingParams(), 50_000, 1, mode)
+    counts, accepted = check_module.verify_position(
+        p, None if deterministic else q, proposal, SamplingParams(), 50_000, 1, mode
+    )
     statistic, df = chi_square(counts, p.double().numpy())
     assert statistic <= threshold(df) and counts.sum() == 50_000
     if mode == "rejection":  # acceptance: p(x) for one-hot q, sum min(p, q) otherwise
@@ -73,17 +75,52 @@ def toy(tmp_path_factory):
 def _check(toy, tmp_path, *extra):
     target, _ = toy
     out = tmp_path / "check.json"
-    code = main(["check", "--target", str(target), "--backend", "torch", "--draws", "20000", "--seeds", "16", "--k", "3",
-                 "--max-new-tokens", "12", "--json", str(out), *extra])
+    code = main(
+        [
+            "check",
+            "--target",
+            str(target),
+            "--backend",
+            "torch",
+            "--draws",
+            "20000",
+            "--seeds",
+            "16",
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
     return code, json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram"])
 def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
     prompts = tmp_path / "prompts.jsonl"  # prompt lookup needs text that repeats: the third and fourth lines
-    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ["def f(x):", "import os", "abc abd abc ab", "x = x + 1; x = x + "]))
-    code, report = _check(toy, tmp_path, "--draft", str(toy[1]) if draft == "model" else "ngram", "--prompts", str(prompts),
-                          "--temperature", "0.8", "--top-p", "0.95", "--contexts", "2")
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": text}) + "\n"
+            for text in ["def f(x):", "import os", "abc abd abc ab", "x = x + 1; x = x + "]
+        )
+    )
+    code, report = _check(
+        toy,
+        tmp_path,
+        "--draft",
+        str(toy[1]) if draft == "model" else "ngram",
+        "--prompts",
+        str(prompts),
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--contexts",
+        "2",
+    )
     printed = capsys.readouterr().out
     assert code == 0 and report["passed"] and "PASSED" in printed, printed
     assert len(report["tests"]) >= (6 if draft == "model" else 1) and all(t["passed"] for t in report["tests"])
@@ -109,7 +146,10 @@ def test_greedy_rows_that_differ_beyond_the_measured_deviation_fail(toy, tmp_pat
     monkeypatch.setattr(rejection, "verify_greedy", wrong)  # verify_batch reads it from its module
     code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--temperature", "0")
     assert code == 1 and not report["greedy"]["passed"]
-    assert report["greedy"]["equal"] < report["greedy"]["rows"] and min(report["greedy"]["gaps"]) > 2 * report["deviation"]["largest"]
+    assert (
+        report["greedy"]["equal"] < report["greedy"]["rows"]
+        and min(report["greedy"]["gaps"]) > 2 * report["deviation"]["largest"]
+    )
 
 
 def test_the_check_fails_when_the_rule_is_wrong(toy, tmp_path, capsys, monkeypatch):
@@ -125,8 +165,13 @@ def test_invariant_rows_that_differ_by_more_than_a_near_tie_fail(toy, tmp_path, 
     from verispec.sampling import RowSampling
 
     draw = RowSampling.draw
-    monkeypatch.setattr(RowSampling, "draw", lambda self, probs, positions, modes=("invariant", "rejection"):
-                        draw(self, probs, positions + (positions.shape[1] > 1 and modes == ("invariant",)), modes))
+    monkeypatch.setattr(
+        RowSampling,
+        "draw",
+        lambda self, probs, positions, modes=("invariant", "rejection"): draw(
+            self, probs, positions + (positions.shape[1] > 1 and modes == ("invariant",)), modes
+        ),
+    )
     code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--sampling", "invariant")
     assert code == 1 and not report["invariant"]["passed"]
     movable = 4 * report["deviation"]["largest"] / report["settings"]["temperature"]

@@ -25,7 +25,9 @@ def files(tmp_path_factory):
     (root / "garbled.jsonl").write_text("{not json\n")
     (root / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
     (root / "empty.jsonl").write_text("\n")
-    (root / "bad_row.jsonl").write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "top_p": 2}) + "\n")
+    (root / "bad_row.jsonl").write_text(
+        json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "top_p": 2}) + "\n"
+    )
     (root / "typo.jsonl").write_text(json.dumps({"prompt": "a", "temprature": 0.5}) + "\n")
     (root / "good.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
     (root / "plain.txt").write_text("not a model\n")
@@ -68,7 +70,11 @@ CASES = [
     ([*G, "--no-speculation", "--k", "4"], "--no-speculation decodes without a draft, so --k 4 contradicts it", None),
     ([*G, "--draft", "{draft}", "--k", "4", "--k-max", "2"], "--k 4 is above --k-max 2", None),
     (["generate", "hi", "--target", "{root}/model.gguf", "--gguf-type", "q8_0"], "--gguf-type q8_0: the target", None),
-    (["profile", "--target", "{root}/model.gguf", "--draft", "{root}/d.gguf", "--gguf-type", "q8_0"], "is a GGUF file, whose type is its own", None),
+    (
+        ["profile", "--target", "{root}/model.gguf", "--draft", "{root}/d.gguf", "--gguf-type", "q8_0"],
+        "is a GGUF file, whose type is its own",
+        None,
+    ),
     # generate: prompts
     (["generate", *T], "no prompt", None),
     (["generate", "hi", "--prompt", "ho", *T], "give one of PROMPT, --prompt and --prompts", None),
@@ -104,7 +110,11 @@ CASES = [
     (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
     (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--draft", "none"], "plan measures a draft", None),
     (["check", *T, "--draft", "none"], "check measures a draft against its target, so --draft none", None),
-    (["plan", "--json", "/nonexistent/dir/p.json", "--prompts", "{good}", *T, "--draft", "{draft}"], "--json /nonexistent/dir/p.json: no directory", None),
+    (
+        ["plan", "--json", "/nonexistent/dir/p.json", "--prompts", "{good}", *T, "--draft", "{draft}"],
+        "--json /nonexistent/dir/p.json: no directory",
+        None,
+    ),
     (["profile", *T, "--context", "100000"], "context of 2048 positions", None),
     (["profile", *T, "--k-max", "0"], "--k-max", None),
     (["profile", *T, "--repeats", "0"], "--repeats", None),
@@ -115,7 +125,11 @@ CASES = [
     (["convert", "--model", "{target}", "--out", "/nonexistent/dir/x.gguf"], "--out", None),
     (["convert", "--model", "{target}", "--out", "{root}/x.gguf", "--type", "q9_k"], "invalid choice", None),
     (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "3"], "invalid choice", None),
-    (["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"], "--group-size", None),
+    (
+        ["quantize", "--model", "{target}", "--out", "{root}/q", "--bits", "4", "--group-size", "48"],
+        "--group-size",
+        None,
+    ),
     (["quantize", "--model", "{target}", "--out", "{plain}"], "a file, not a directory", None),
     (["quantize", "--model", "{target}", "--out", "{plain}/q"], "plain.txt is a file, not a directory", None),
     (["train", "target", "--preset", "tiny", "--out", "{plain}/run"], "--out {plain}/run: ", None),
@@ -137,7 +151,9 @@ CASES = [
 
 
 def _snapshot(*roots: str) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in Path(root).rglob("*") if p.is_file()}
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in Path(root).rglob("*") if p.is_file()
+    }
 
 
 class _Stdin:
@@ -166,10 +182,16 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(files, tmp_path, monke
     assert _snapshot(files["root"], tmp_path) == before
 
 
-READ_ONLY = [(["generate", "hi", *T, "--json", "{ro}/g.json"], "--json"), (["plan", "--prompts", "{good}", *T, "--json", "{ro}/p.json"], "--json"),
-             ([*B, "--csv", "{ro}/b.csv"], "--csv"), (["check", *T, "--draft", "{draft}", "--json", "{ro}/c.json"], "--json"),
-             (["convert", "--model", "{target}", "--out", "{ro}/m.gguf"], "--out"), (["quantize", "--model", "{target}", "--out", "{ro}/q"], "--out"),
-             (["train", "target", "--preset", "tiny", "--out", "{ro}/run"], "--out"), (["toy", "{ro}/toy"], "OUT")]
+READ_ONLY = [
+    (["generate", "hi", *T, "--json", "{ro}/g.json"], "--json"),
+    (["plan", "--prompts", "{good}", *T, "--json", "{ro}/p.json"], "--json"),
+    ([*B, "--csv", "{ro}/b.csv"], "--csv"),
+    (["check", *T, "--draft", "{draft}", "--json", "{ro}/c.json"], "--json"),
+    (["convert", "--model", "{target}", "--out", "{ro}/m.gguf"], "--out"),
+    (["quantize", "--model", "{target}", "--out", "{ro}/q"], "--out"),
+    (["train", "target", "--preset", "tiny", "--out", "{ro}/run"], "--out"),
+    (["toy", "{ro}/toy"], "OUT"),
+]
 
 
 @pytest.mark.parametrize("argv, flag", READ_ONLY, ids=[case[0][0] for case in READ_ONLY])
@@ -181,7 +203,9 @@ def test_an_output_in_a_read_only_place_fails_before_any_work(files, tmp_path, m
     read_only = tmp_path / "ro"
     read_only.mkdir()
     access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not Path(path).is_relative_to(read_only) and access(path, mode, **kw))
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: not Path(path).is_relative_to(read_only) and access(path, mode, **kw)
+    )
     monkeypatch.chdir(tmp_path)
     assert main([a.format(**files, ro=read_only) for a in argv]) == 2
     err = capsys.readouterr().err
@@ -194,14 +218,21 @@ def test_version(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("verispec 0.")
 
 
-_LIMITED = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({0}, {0})); from verispec.cli import main; sys.exit(main(sys.argv[1:]))"
+_LIMITED = (
+    "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({0}, {0})); "
+    "from verispec.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 LIMIT = 6 << 30  # bytes of address space: torch's import needs about 2 GB of it; a dense 100000^2 mask needs 40 GB
 
 
 @pytest.mark.parametrize("argv", [["generate", "hi", "--max-new-tokens", "100000"], ["profile", "--context", "100000"]])
 def test_lengths_past_the_context_fail_at_once_under_a_memory_limit(files, argv):
-    done = subprocess.run([sys.executable, "-c", _LIMITED.format(LIMIT), *argv, *[a.format(**files) for a in T]],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED.format(LIMIT), *argv, *[a.format(**files) for a in T]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "context of 2048 positions" in done.stderr
 
@@ -217,6 +248,25 @@ def test_a_long_context_the_model_allows_is_read_in_linear_memory(files, tmp_pat
         config = json.loads((long / "config.json").read_text())
         config["max_position_embeddings"] = 40000
         (long / "config.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "-c", _LIMITED.format(LIMIT), "profile", "--target", str(long), "--backend", "torch",
-                           "--context", "30000", "--k-max", "1", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _LIMITED.format(LIMIT),
+            "profile",
+            "--target",
+            str(long),
+            "--backend",
+            "torch",
+            "--context",
+            "30000",
+            "--k-max",
+            "1",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]

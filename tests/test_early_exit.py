@@ -16,7 +16,15 @@ GREEDY_PROMPTS = [[1, 2, 3], [4], [0, 4, 4, 2, 1, 3]]
 
 
 def llama(layers: int, seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = LlamaConfig(
+        vocab_size=6,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     return init_weights(LlamaForCausalLM(config), std=0.5, seed=seed).eval()
 
 

@@ -23,8 +23,8 @@ from stats_helpers import (
 )
 
 import verispec.drafters.model as model_drafter_module
-import verispec.step as step_module
 import verispec.rejection as rejection_module
+import verispec.step as step_module
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate, generate_all
@@ -120,7 +120,11 @@ def test_negative_control_draft_declares_raw_q(markov, monkeypatch):
     """transformers #47932: q declared from raw logits while the token is drawn from top-k-processed ones."""
     target, drafts = markov
     propose = model_drafter_module.ModelDrafter.propose
-    monkeypatch.setattr(model_drafter_module.ModelDrafter, "propose", lambda self, k, sampling: propose(self, k, _DeclaresRawQ(sampling)))
+    monkeypatch.setattr(
+        model_drafter_module.ModelDrafter,
+        "propose",
+        lambda self, k, sampling: propose(self, k, _DeclaresRawQ(sampling)),
+    )
     params = SamplingParams(**TOPK, seed=5, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, 4, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
@@ -130,7 +134,11 @@ def test_negative_control_target_left_at_default_settings(markov, monkeypatch):
     """vLLM #9834: the target's p computed with default settings while the draft used the request's."""
     target, drafts = markov
     rule = step_module.verify_batch
-    monkeypatch.setattr(step_module, "verify_batch", lambda scores, ids, probs, sampling, starts: rule(scores, ids, probs, _DefaultSettings(sampling), starts))
+    monkeypatch.setattr(
+        step_module,
+        "verify_batch",
+        lambda scores, ids, probs, sampling, starts: rule(scores, ids, probs, _DefaultSettings(sampling), starts),
+    )
     params = SamplingParams(**TOPK, seed=6, max_new_tokens=JOINT_TOKENS)
     counts, _ = _joint_counts(target, ModelDrafter(drafts["close"]), params, 4, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
@@ -186,8 +194,13 @@ def test_markov_self_draft_accepts_everything_unless_the_draft_cache_forgets(mar
 # ---------------------------------------------------------------------------------------------
 
 LLAMA = LlamaConfig(
-    vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=12,  # GQA
+    vocab_size=96,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=12,  # GQA
 )
 PROMPTS_1 = [[5, 17, 33, 2, 71]]
 PROMPTS_4 = [[1, 2, 3, 4, 5, 6, 7], [9], [10, 11, 12], [20, 21, 22, 23, 24]]  # ragged
@@ -441,7 +454,10 @@ def test_stats_invariants(markov):
         assert request.proposed == k * request.target_passes
         assert 1 <= request.mean_tokens_per_pass <= k + 1
         assert request.accepted == sum(request.accepted_by_position)
-        assert all(a <= v <= p for a, v, p in zip(request.accepted_by_position, request.verified_by_position, request.proposed_by_position))
+        assert all(
+            a <= v <= p
+            for a, v, p in zip(request.accepted_by_position, request.verified_by_position, request.proposed_by_position)
+        )
         if request.finish_reason == "stop":
             assert out[row][-1] in params.stop_token_ids and params.stop_token_ids[0] not in out[row][:-1]
         else:
@@ -508,7 +524,9 @@ def test_a_prompt_and_budget_beyond_the_models_context_is_refused_before_any_wor
     target = llama["target"]
     context = target.config.max_position_embeddings
     prompt = [1] * (context - 10)
-    assert len(generate_all(target, [prompt], SamplingParams(temperature=0, max_new_tokens=10))[0]) == 10  # exactly fits
+    assert (
+        len(generate_all(target, [prompt], SamplingParams(temperature=0, max_new_tokens=10))[0]) == 10
+    )  # exactly fits
     calls = []
     drafter = ModelDrafter(llama["close"])
     drafter.start = lambda *args: calls.append(args)

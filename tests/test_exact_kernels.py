@@ -20,16 +20,20 @@ import pytest
 import torch
 
 from verispec import AdaptiveLength, ModelDrafter, PromptLookupDrafter, SamplingParams, generate_all
-from verispec.llamacpp.deviation import pass_shape_deviation
-from verispec.models.gguf_convert import convert
-from verispec.llamacpp.quantize import QUANT_TYPES, quant_type, quantize
 from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, unavailable
+from verispec.llamacpp.deviation import pass_shape_deviation
+from verispec.llamacpp.quantize import QUANT_TYPES, quant_type, quantize
+from verispec.models.gguf_convert import convert
 from verispec.models.toy import make_toy_pair
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason="llama.cpp does not run here")
 
 TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
-TEXTS = ["def add(a, b):\n    return a + b\n\ndef add", "for i in range(10):\n    print(i)\nfor i in", "x = x + 1\ny = y + 1\nx = x"]
+TEXTS = [
+    "def add(a, b):\n    return a + b\n\ndef add",
+    "for i in range(10):\n    print(i)\nfor i in",
+    "x = x + 1\ny = y + 1\nx = x",
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +80,16 @@ def test_without_the_placeholder_and_flash_attention_the_pass_shape_shows(files)
 def test_with_exact_kernels_off_a_k_quant_depends_on_the_pass_shape(files):
     """The negative control for the process-wide settings (repacking, ggml's tiled K-quant product):
     a fresh process with them at llama.cpp's defaults measures a gap on Q4_K_M."""
-    code = ("import json, sys; from verispec import llamacpp; llamacpp.set_exact_kernels(False); "
-            "from verispec.llamacpp.deviation import pass_shape_deviation; from verispec.llamacpp import GGUFTokenizer, LlamaCppModel; "
-            f"m = LlamaCppModel(sys.argv[1], n_threads=2); t = GGUFTokenizer(m); "
-            f"print(json.dumps(pass_shape_deviation(m, [t.encode(x * 3).ids for x in {TEXTS!r}]).largest))")
-    done = subprocess.run([sys.executable, "-c", code, str(files["Q4_K_M"])], capture_output=True, text=True, timeout=300, check=True)
+    code = (
+        "import json, sys; from verispec import llamacpp; llamacpp.set_exact_kernels(False); "
+        "from verispec.llamacpp.deviation import pass_shape_deviation; from verispec.llamacpp import GGUFTokenizer, "
+        "LlamaCppModel; "
+        f"m = LlamaCppModel(sys.argv[1], n_threads=2); t = GGUFTokenizer(m); "
+        f"print(json.dumps(pass_shape_deviation(m, [t.encode(x * 3).ids for x in {TEXTS!r}]).largest))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(files["Q4_K_M"])], capture_output=True, text=True, timeout=300, check=True
+    )
     assert json.loads(done.stdout.strip().splitlines()[-1]) > 0
 
 
@@ -123,7 +132,9 @@ def _spin_count(env: dict) -> str | None:
 
     code = "import os, verispec; print(os.environ.get('GOMP_SPINCOUNT'))"
     base = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=120, check=True
+    )
     return done.stdout.strip()
 
 

@@ -19,16 +19,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from stats_helpers import assert_distributed_as, is_distributed_as
+
 from verispec.config import SamplingParams
-from verispec.policy import AdaptiveLength
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.models.quantize import quantize_model
+from verispec.policy import AdaptiveLength
 from verispec.sampling import process_logits, row_seed
 from verispec.stats import SpecStats
 
@@ -44,8 +44,15 @@ GREEDY_PROMPTS = [[1, 2, 3], [4], [0, 4, 4, 2, 1, 3]]
 
 
 def llama(layers: int, seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     return init_weights(LlamaForCausalLM(config), std=0.5, seed=seed).eval()
 
 
@@ -53,8 +60,17 @@ def _gpt2_draft():
     transformers = pytest.importorskip("transformers")
     from verispec.models.hf import HFCausalLM
 
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64, initializer_range=0.5,
-                                     bos_token_id=None, eos_token_id=None, activation_function="gelu")
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        initializer_range=0.5,
+        bos_token_id=None,
+        eos_token_id=None,
+        activation_function="gelu",
+    )
     with torch.random.fork_rng():
         torch.manual_seed(5)
         return HFCausalLM(transformers.AutoModelForCausalLM.from_config(config).eval())
@@ -64,9 +80,15 @@ def _gpt2_draft():
 DRAFTERS = {
     "model": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12))),
     # stops early: after 1 token where the draft's top probability is under 0.9 in every row (the first step here)
-    "model-confident": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12)), confidence_threshold=0.9),
-    "int8-target": lambda target, cache: ModelDrafter(cache.setdefault("int8", quantize_model(copy.deepcopy(target), 8))),
-    "int4-target": lambda target, cache: ModelDrafter(cache.setdefault("int4", quantize_model(copy.deepcopy(target), 4, 32))),
+    "model-confident": lambda target, cache: ModelDrafter(
+        cache.setdefault("model", llama(1, 12)), confidence_threshold=0.9
+    ),
+    "int8-target": lambda target, cache: ModelDrafter(
+        cache.setdefault("int8", quantize_model(copy.deepcopy(target), 8))
+    ),
+    "int4-target": lambda target, cache: ModelDrafter(
+        cache.setdefault("int4", quantize_model(copy.deepcopy(target), 4, 32))
+    ),
     "early-exit": lambda target, cache: EarlyExitDrafter(target, 1),
     "ngram": lambda target, cache: PromptLookupDrafter(),
     "hf-gpt2": lambda target, cache: ModelDrafter(cache.setdefault("gpt2", _gpt2_draft())),
@@ -88,7 +110,11 @@ def _exact_joint(model, params: SamplingParams) -> np.ndarray:
     probs = np.zeros((VOCAB,) * TOKENS)
     with torch.no_grad():
         for prefix in itertools.product(range(VOCAB), repeat=TOKENS - 1):
-            p = process_logits(model(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params).double().numpy()
+            p = (
+                process_logits(model(torch.tensor([PROMPT + list(prefix)]))[0, len(PROMPT) - 1 :], params)
+                .double()
+                .numpy()
+            )
             probs[prefix] = p[0, prefix[0]] * p[1, prefix[1]] * p[2]
     return probs.ravel()
 
@@ -157,9 +183,9 @@ LLAMACPP_CHUNK = 256  # llama.cpp runs at most 256 sequences at once: the N draw
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory, target):
     """The target (2 layers) and the model draft (1 layer, seed 12) as GGUF files on llama.cpp."""
+    from verispec.llamacpp import LlamaCppModel
     from verispec.models.checkpoint import save_pretrained
     from verispec.models.gguf_convert import convert
-    from verispec.llamacpp import LlamaCppModel
 
     directory = tmp_path_factory.mktemp("gguf")
     models = {}
@@ -187,10 +213,14 @@ def _chunked_counts(target, make_drafter, seed: int, n: int = N):
     return counts, stats
 
 
-# (target on, drafter): llama.cpp target with a llama.cpp / PyTorch / no-model draft; PyTorch target with a llama.cpp draft
+# (target on, drafter): a llama.cpp target with a llama.cpp / PyTorch / no-model draft;
+# a PyTorch target with a llama.cpp draft
 LLAMACPP_CASES = {
     "llamacpp-target+llamacpp-draft": ("llamacpp", lambda g, made: ModelDrafter(g["draft"])),
-    "llamacpp-target+llamacpp-draft-confident": ("llamacpp", lambda g, made: ModelDrafter(g["draft"], confidence_threshold=0.9)),
+    "llamacpp-target+llamacpp-draft-confident": (
+        "llamacpp",
+        lambda g, made: ModelDrafter(g["draft"], confidence_threshold=0.9),
+    ),
     "llamacpp-target+torch-draft": ("llamacpp", lambda g, made: ModelDrafter(made.setdefault("model", llama(1, 12)))),
     "llamacpp-target+ngram": ("llamacpp", lambda g, made: PromptLookupDrafter()),
     "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),
@@ -227,7 +257,9 @@ def exact_llamacpp_temperature_only(gguf):
     return _exact_joint(gguf["target"], SamplingParams(**TEMPERATURE_ONLY))
 
 
-COMPILED_CHUNK = LLAMACPP_CHUNK  # rows per call (the compiled step takes B * (k + 1) <= max(512, 9B) positions in one batch)
+COMPILED_CHUNK = (
+    LLAMACPP_CHUNK  # rows per call (the compiled step takes B * (k + 1) <= max(512, 9B) positions in one batch)
+)
 
 
 def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: int, n: int, monkeypatch):
@@ -249,13 +281,24 @@ def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: in
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.9, None])  # None: no drafter, plain sampling through the compiled step
-def test_joint_distribution_is_exact_through_the_compiled_step(gguf, exact_llamacpp_temperature_only, threshold, monkeypatch):
-    counts, stats = _compiled_counts(gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * (threshold or 2)), N, monkeypatch)
-    assert_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True, label=f"compiled step {TEMPERATURE_ONLY} k=3 p_min={threshold}")
+def test_joint_distribution_is_exact_through_the_compiled_step(
+    gguf, exact_llamacpp_temperature_only, threshold, monkeypatch
+):
+    counts, stats = _compiled_counts(
+        gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * (threshold or 2)), N, monkeypatch
+    )
+    assert_distributed_as(
+        counts,
+        exact_llamacpp_temperature_only,
+        are_counts=True,
+        label=f"compiled step {TEMPERATURE_ONLY} k=3 p_min={threshold}",
+    )
     assert 0 < stats.accepted < stats.proposed or (threshold is None and stats.proposed == 0), stats.summary()
 
 
-def test_negative_control_the_compiled_step_at_the_wrong_temperature(gguf, exact_llamacpp_temperature_only, monkeypatch):
+def test_negative_control_the_compiled_step_at_the_wrong_temperature(
+    gguf, exact_llamacpp_temperature_only, monkeypatch
+):
     counts, _ = _compiled_counts(gguf, 0.0, 1.2, 9500, 10_000, monkeypatch)  # exact is for 0.8
     assert not is_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True)
 
@@ -266,7 +309,9 @@ def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf
     counts = np.zeros(VOCAB**TOKENS, dtype=np.int64)
     for chunk, start in enumerate(range(0, 10_000, LLAMACPP_CHUNK)):
         params = SamplingParams(temperature=1.0, top_k=4, seed=9000 + chunk, max_new_tokens=TOKENS)  # exact is for 0.8
-        counts += joint_counts(gguf["target"], ModelDrafter(gguf["draft"]), params, n=min(LLAMACPP_CHUNK, 10_000 - start))[0]
+        counts += joint_counts(
+            gguf["target"], ModelDrafter(gguf["draft"]), params, n=min(LLAMACPP_CHUNK, 10_000 - start)
+        )[0]
     assert not is_distributed_as(counts, exact_llamacpp, are_counts=True)
 
 
@@ -280,7 +325,9 @@ INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram"]
 
 @pytest.mark.parametrize("name", INVARIANT_DRAFTERS + ["plain"])
 def test_joint_distribution_is_exact_in_invariant_mode(target, made, exact, name):
-    params = SamplingParams(**SETTING, seed=700 + (INVARIANT_DRAFTERS + ["plain"]).index(name), max_new_tokens=TOKENS, sampling="invariant")
+    params = SamplingParams(
+        **SETTING, seed=700 + (INVARIANT_DRAFTERS + ["plain"]).index(name), max_new_tokens=TOKENS, sampling="invariant"
+    )
     counts, stats = joint_counts(target, None if name == "plain" else DRAFTERS[name](target, made), params)
     assert_distributed_as(counts, exact, are_counts=True, label=f"invariant {name} {SETTING} k=3")
     assert name == "plain" or 0 < stats.accepted < stats.proposed, stats.summary()
@@ -299,10 +346,15 @@ def test_negative_control_invariant_mode_with_uniform_instead_of_gumbel_noise(ta
 
 def _invariant_prompts(rows: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (int(torch.randint(1, 7, (1,), generator=generator)),), generator=generator).tolist() for _ in range(rows)]
+    return [
+        torch.randint(0, VOCAB, (int(torch.randint(1, 7, (1,), generator=generator)),), generator=generator).tolist()
+        for _ in range(rows)
+    ]
 
 
-@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=["T=1", "T=0.7,top-p=0.9"])
+@pytest.mark.parametrize(
+    "setting", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=["T=1", "T=0.7,top-p=0.9"]
+)
 def test_invariant_mode_gives_the_tokens_of_plain_decoding(target, made, setting):
     """1,000 (prompt, seed, row) streams per drafter and draft length: 5 seeds x 200 rows."""
     for seed in range(5):
@@ -312,9 +364,15 @@ def test_invariant_mode_gives_the_tokens_of_plain_decoding(target, made, setting
         for name in INVARIANT_DRAFTERS:
             for k in (1, 4, "auto"):
                 policy = AdaptiveLength(k_max=4) if k == "auto" else k
-                assert generate_all(target, prompts, params, DRAFTERS[name](target, made), k=policy) == plain, (seed, name, k)
+                assert generate_all(target, prompts, params, DRAFTERS[name](target, made), k=policy) == plain, (
+                    seed,
+                    name,
+                    k,
+                )
         # negative control: rejection sampling with the same seed commits other tokens
-        rejection = generate_all(target, prompts, replace(params, sampling="rejection"), DRAFTERS["model"](target, made), k=4)
+        rejection = generate_all(
+            target, prompts, replace(params, sampling="rejection"), DRAFTERS["model"](target, made), k=4
+        )
         assert sum(a != b for a, b in zip(rejection, plain)) > 100
 
 
@@ -349,10 +407,14 @@ def test_joint_distribution_is_exact_per_row_with_interleaved_settings_of_one_mo
     run of the batch (a draw once handed row 1's token to row 2 here)."""
     counts = _mixed_counts(target, DRAFTERS["model"](target, made), N, seed=950, second_mode="rejection")
     assert_distributed_as(counts[0], exact, are_counts=True, label=f"rows at {SETTING} between rows at {OTHER_SETTING}")
-    assert_distributed_as(counts[1], exact_other, are_counts=True, label=f"rows at {OTHER_SETTING} between rows at {SETTING}")
+    assert_distributed_as(
+        counts[1], exact_other, are_counts=True, label=f"rows at {OTHER_SETTING} between rows at {SETTING}"
+    )
 
 
-def test_negative_control_every_row_processed_with_the_first_rows_settings(target, made, exact, exact_other, monkeypatch):
+def test_negative_control_every_row_processed_with_the_first_rows_settings(
+    target, made, exact, exact_other, monkeypatch
+):
     from verispec.sampling import RowSampling
 
     first = SamplingParams(**SETTING)  # not self.params[0]: row 0 leaves the batch when it finishes

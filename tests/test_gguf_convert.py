@@ -17,9 +17,17 @@ import torch
 
 pytest.importorskip("gguf")  # the converter's writer; llama.cpp itself is needed only by TestLlamaCpp
 
-from gguf import GGMLQuantizationType as Q, GGUFReader, TokenType, quants  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import GGUFReader, TokenType, quants
+
 from verispec import SamplingParams, generate_all
-from verispec.models.checkpoint import CheckpointError, _read_state_dict, load_pretrained, load_tokenizer, save_pretrained
+from verispec.models.checkpoint import (
+    CheckpointError,
+    _read_state_dict,
+    load_pretrained,
+    load_tokenizer,
+    save_pretrained,
+)
 from verispec.models.gguf_convert import _permute, cached_gguf, convert, gguf_vocab
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.models.toy import byte_level_tokenizer, make_toy_pair
@@ -50,8 +58,17 @@ def draft_f32(tmp_path_factory):
 
 def tiny_dir(path, tokenizer=None, seed=0, bias_std=0.0, **changes):
     """A random tiny Llama-family directory; `changes` override the config, biases ~ N(0, bias_std)."""
-    fields = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, eos_token_id=None)
+    fields = dict(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+    )
     config = LlamaConfig(**{**fields, **changes})
     model = init_weights(LlamaForCausalLM(config), std=0.1, seed=seed)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -66,7 +83,9 @@ def tiny_dir(path, tokenizer=None, seed=0, bias_std=0.0, **changes):
 
 
 def fields(path):
-    return {name: field.contents() for name, field in GGUFReader(str(path)).fields.items() if not name.startswith("GGUF.")}
+    return {
+        name: field.contents() for name, field in GGUFReader(str(path)).fields.items() if not name.startswith("GGUF.")
+    }
 
 
 def tensors(path):
@@ -82,12 +101,24 @@ def test_toy_target_metadata_and_shapes(toy, tmp_path):
     meta, found = fields(path), tensors(path)
     config = load_pretrained(target).config
     expected_meta = {
-        "general.architecture": "llama", "general.name": "target", "general.file_type": 0,
-        "llama.context_length": config.max_position_embeddings, "llama.embedding_length": 128, "llama.block_count": 4,
-        "llama.feed_forward_length": 384, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
-        "llama.attention.key_length": 32, "llama.attention.value_length": 32, "llama.rope.dimension_count": 32,
-        "llama.vocab_size": 257, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.eos_token_id": 256, "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
+        "general.architecture": "llama",
+        "general.name": "target",
+        "general.file_type": 0,
+        "llama.context_length": config.max_position_embeddings,
+        "llama.embedding_length": 128,
+        "llama.block_count": 4,
+        "llama.feed_forward_length": 384,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.attention.key_length": 32,
+        "llama.attention.value_length": 32,
+        "llama.rope.dimension_count": 32,
+        "llama.vocab_size": 257,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.eos_token_id": 256,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_eos_token": False,
     }
     assert {k: meta[k] for k in expected_meta} == expected_meta
     assert meta["llama.rope.freq_base"] == pytest.approx(10000.0)
@@ -108,9 +139,15 @@ def test_weights_are_the_checkpoint_s_with_q_and_k_permuted(tmp_path):
     path = convert(directory, tmp_path / "m.gguf")
     state = {n: t.float().numpy() for n, t in _read_state_dict(directory).items()}
     found = {name: np.asarray(t.data).reshape(tuple(reversed(t.shape))) for name, t in tensors(path).items()}
-    np.testing.assert_array_equal(found["blk.1.attn_q.weight"], _permute(state["model.layers.1.self_attn.q_proj.weight"], 4))
-    np.testing.assert_array_equal(found["blk.1.attn_k.weight"], _permute(state["model.layers.1.self_attn.k_proj.weight"], 2))
-    np.testing.assert_array_equal(found["blk.1.attn_k.bias"], _permute(state["model.layers.1.self_attn.k_proj.bias"], 2))
+    np.testing.assert_array_equal(
+        found["blk.1.attn_q.weight"], _permute(state["model.layers.1.self_attn.q_proj.weight"], 4)
+    )
+    np.testing.assert_array_equal(
+        found["blk.1.attn_k.weight"], _permute(state["model.layers.1.self_attn.k_proj.weight"], 2)
+    )
+    np.testing.assert_array_equal(
+        found["blk.1.attn_k.bias"], _permute(state["model.layers.1.self_attn.k_proj.bias"], 2)
+    )
     np.testing.assert_array_equal(found["blk.1.attn_v.weight"], state["model.layers.1.self_attn.v_proj.weight"])
     np.testing.assert_array_equal(found["output.weight"], state["lm_head.weight"])
     assert not np.array_equal(found["blk.1.attn_q.weight"], state["model.layers.1.self_attn.q_proj.weight"])
@@ -143,7 +180,9 @@ def test_builtin_draft_vocabulary_equals_the_tokenizer_s(draft_f32):
     assert special == {"<|endoftext|>"}
     meta = fields(draft_f32)
     assert meta["tokenizer.ggml.merges"][:2] == ["Ġ Ġ", "ĠĠ ĠĠ"]  # stored as pairs in tokenizer.json
-    assert len(meta["tokenizer.ggml.merges"]) == len(json.loads((DRAFT_DIR / "tokenizer.json").read_text())["model"]["merges"])
+    assert len(meta["tokenizer.ggml.merges"]) == len(
+        json.loads((DRAFT_DIR / "tokenizer.json").read_text())["model"]["merges"]
+    )
     assert meta["tokenizer.ggml.bos_token_id"] == meta["tokenizer.ggml.eos_token_id"] == 0  # no bos: GPT-2's bos = eos
 
 
@@ -209,7 +248,9 @@ def test_cached_gguf_converts_once_per_weights_and_type(toy, tmp_path, monkeypat
     assert first.stat().st_mtime_ns == stamp
     other = cached_gguf(target, "q8_0", cache_dir=tmp_path / "cache")
     assert other != first and other.is_file()
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, other.name])  # no temp files left
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        [first.name, other.name]
+    )  # no temp files left
     digest = first.name.rsplit("-", 2)[1]
     copy, changed = tmp_path / "copy", tmp_path / "changed"
     shutil.copytree(target, copy)
@@ -236,7 +277,9 @@ def test_bad_inputs_are_refused_in_one_line(toy, tmp_path):
     quantized = tmp_path / "quantized"
     shutil.copytree(target, quantized)
     config = json.loads((quantized / "config.json").read_text())
-    (quantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "verispec", "bits": 8}}))
+    (quantized / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "verispec", "bits": 8}})
+    )
     assert "--type" in one_line_error(CheckpointError, lambda: convert(quantized, tmp_path / "x.gguf"))
     assert not (tmp_path / "x.gguf").exists()
 
@@ -263,12 +306,19 @@ def split_regex_tokenizer(pattern: str, ignore_merges: bool, corpus: list[str]):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(ignore_merges=ignore_merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus * 20, trainer)
     return tokenizer
 
@@ -284,8 +334,16 @@ def llama(llama_cpp, path, vocab_only=False):
     library()  # llama.cpp set up as verispec sets it up (llamacpp/lib.py: no AMX buffers where they fault)
     if vocab_only:
         return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    return llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=1,
-                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=256,
+        n_batch=256,
+        logits_all=True,
+        verbose=False,
+        n_threads=1,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+    )
 
 
 def llama_logits(model, tokens: list[int]) -> np.ndarray:
@@ -326,10 +384,22 @@ class TestLlamaCpp:
                 assert model.detokenize(ids).decode() == text
             assert model.tokenize(SPECIAL_TEXT.encode(), add_bos=False, special=True) == hf.encode(SPECIAL_TEXT).ids
 
-    @pytest.mark.parametrize("pattern, ignore_merges", [
-        (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", True),
-        (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False),
-    ], ids=["llama-bpe", "qwen2"])
+    @pytest.mark.parametrize(
+        "pattern, ignore_merges",
+        [
+            (
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
+                r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+                True,
+            ),
+            (
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| "
+                r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+                False,
+            ),
+        ],
+        ids=["llama-bpe", "qwen2"],
+    )
     def test_split_regex_pre_tokenizers_map_exactly(self, llama_cpp, pattern, ignore_merges, tmp_path):
         tokenizer = split_regex_tokenizer(pattern, ignore_merges, TEXTS + [SPECIAL_TEXT])
         directory = tiny_dir(tmp_path / "m", tokenizer, vocab_size=tokenizer.get_vocab_size())
@@ -339,7 +409,9 @@ class TestLlamaCpp:
 
     @pytest.mark.parametrize("which", ["toy target", "built-in draft"])
     def test_logits_and_greedy_continuation_equal_verispec_s(self, llama_cpp, which, toy, draft_f32, tmp_path):
-        directory, path = (toy[0], convert(toy[0], tmp_path / "t.gguf")) if which == "toy target" else (DRAFT_DIR, draft_f32)
+        directory, path = (
+            (toy[0], convert(toy[0], tmp_path / "t.gguf")) if which == "toy target" else (DRAFT_DIR, draft_f32)
+        )
         prompt = load_tokenizer(directory).encode(TEXTS[0] + TEXTS[1]).ids
         model = llama(llama_cpp, path)
         expected = torch_logits(directory, prompt)
@@ -350,13 +422,22 @@ class TestLlamaCpp:
     def test_greedy_continuation_equals_transformers(self, llama_cpp, which, toy, draft_f32, tmp_path):
         """The converted f32 file on llama.cpp continues as transformers does on the directory."""
         transformers = pytest.importorskip("transformers")
-        directory, path = (toy[0], convert(toy[0], tmp_path / "t.gguf")) if which == "toy target" else (DRAFT_DIR, draft_f32)
+        directory, path = (
+            (toy[0], convert(toy[0], tmp_path / "t.gguf")) if which == "toy target" else (DRAFT_DIR, draft_f32)
+        )
         prompt = load_tokenizer(directory).encode(TEXTS[0] + TEXTS[1]).ids
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
         with torch.no_grad():
             ids = torch.tensor([prompt])
-            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-                                   pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+            expected = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                min_new_tokens=24,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )[0, len(prompt) :].tolist()
         assert llama_greedy(llama(llama_cpp, path), prompt, 24) == expected
 
     def test_unpermuted_q_and_k_give_other_logits(self, llama_cpp, draft_f32, tmp_path):
@@ -367,11 +448,15 @@ class TestLlamaCpp:
         assert np.abs(wrong - right)[1:].max() > 0.1  # position 0 attends only to itself: RoPE cancels
         np.testing.assert_allclose(wrong[0], right[0], atol=1e-3)
 
-    @pytest.mark.parametrize("changes", [
-        dict(model_type="qwen2", attention_bias=True),
-        dict(attention_bias=True),
-        dict(vocab_size=5, num_attention_heads=4, num_key_value_heads=4),
-    ], ids=["qwen2", "llama-bias", "vocab5-no-tokenizer"])
+    @pytest.mark.parametrize(
+        "changes",
+        [
+            dict(model_type="qwen2", attention_bias=True),
+            dict(attention_bias=True),
+            dict(vocab_size=5, num_attention_heads=4, num_key_value_heads=4),
+        ],
+        ids=["qwen2", "llama-bias", "vocab5-no-tokenizer"],
+    )
     def test_tiny_architectures_match(self, llama_cpp, changes, tmp_path):
         directory = tiny_dir(tmp_path / "m", bias_std=0.5, **changes)
         tokens = [i % changes.get("vocab_size", 64) for i in range(3, 40, 3)]
@@ -384,7 +469,10 @@ class TestLlamaCpp:
         assert model.detokenize([1, 2]) == b""
         assert llama_greedy(model, [1, 2, 3], 4) == torch_greedy(tmp_path / "m", [1, 2, 3], 4)
 
-    @pytest.mark.parametrize("kind, agreement, correlation", [("f16", 0.95, 0.9999), ("bf16", 0.95, 0.9999), ("q8_0", 0.9, 0.999), ("q4_0", 0.7, 0.97)])
+    @pytest.mark.parametrize(
+        "kind, agreement, correlation",
+        [("f16", 0.95, 0.9999), ("bf16", 0.95, 0.9999), ("q8_0", 0.9, 0.999), ("q4_0", 0.7, 0.97)],
+    )
     def test_quantized_files_load_and_stay_close(self, llama_cpp, kind, agreement, correlation, draft_f32, tmp_path):
         tokens = load_tokenizer(DRAFT_DIR).encode("".join(TEXTS[:2]) * 2).ids[:128]
         exact = llama_logits(llama(llama_cpp, draft_f32), tokens)

@@ -26,8 +26,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import verispec.models.hf as hf_module
 from stats_helpers import assert_distributed_as, chi_square, is_distributed_as, threshold
+
+import verispec.models.hf as hf_module
 from verispec.cli import main
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
@@ -53,14 +54,29 @@ def hf_model(arch: str, seed: int, vocab_size: int = VOCAB, init: float = 0.5):
     """A random transformers model; init 0.5 gives peaked logits (float32 greedy has no near-ties)."""
     if arch == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=256, initializer_range=init,
-            bos_token_id=None, eos_token_id=None, activation_function="gelu",  # exact gelu: faster than gelu_new on CPU
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_positions=256,
+            initializer_range=init,
+            bos_token_id=None,
+            eos_token_id=None,
+            activation_function="gelu",  # exact gelu: faster than gelu_new on CPU
         )
     else:
         config = transformers.LlamaConfig(
-            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, initializer_range=init,
-            bos_token_id=None, eos_token_id=None, pad_token_id=None,
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            initializer_range=init,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
         )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -70,11 +86,20 @@ def hf_model(arch: str, seed: int, vocab_size: int = VOCAB, init: float = 0.5):
 def hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
     """transformers' own greedy decoding; checks that no step was a near-tie (the premise of exact equality)."""
     config = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=steps, eos_token_id=None, bos_token_id=None, pad_token_id=0,
-        output_scores=True, return_dict_in_generate=True,
+        do_sample=False,
+        max_new_tokens=steps,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
     )
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), generation_config=config)
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            generation_config=config,
+        )
     top2 = torch.stack(out.scores, dim=1)[0].topk(2, dim=-1).values
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-4, "a near-tie in the reference: pick another seed"
     tokens = out.sequences[0, len(prompt) :].tolist()
@@ -118,17 +143,29 @@ def test_speculative_greedy_equals_transformers_generate(models, arch, batch, k)
 
 
 def test_gpt2_as_draft_for_a_verispec_llama_target(models):
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=12)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=12,
+    )
     target = init_weights(LlamaForCausalLM(config), std=0.3, seed=0).eval()
     prompts = PROMPTS["batch2"]
     plain = generate_all(target, prompts, GREEDY, drafter=None)
     stats = SpecStats()
-    assert generate_all(target, prompts, GREEDY, ModelDrafter(HFCausalLM(models["gpt2"]["target"])), k=3, stats=stats) == plain
+    assert (
+        generate_all(target, prompts, GREEDY, ModelDrafter(HFCausalLM(models["gpt2"]["target"])), k=3, stats=stats)
+        == plain
+    )
     assert stats.proposed > 0
     # and the other way round: verispec's Llama drafting for a GPT-2 target
     gpt2 = HFCausalLM(models["gpt2"]["target"])
-    assert generate_all(gpt2, prompts, GREEDY, ModelDrafter(target), k=3) == generate_all(gpt2, prompts, GREEDY, drafter=None)
+    assert generate_all(gpt2, prompts, GREEDY, ModelDrafter(target), k=3) == generate_all(
+        gpt2, prompts, GREEDY, drafter=None
+    )
 
 
 def test_gpt2_target_with_gpt2_draft_sampling_is_reproducible_and_self_draft_accepts_all(models):
@@ -140,7 +177,9 @@ def test_gpt2_target_with_gpt2_draft_sampling_is_reproducible_and_self_draft_acc
     assert stats.alpha_hat >= 0.98, stats.summary()  # p == q, the draft cache keeps x_k and the bonus token
     assert all(len(row) == 16 for row in first)
     other = ModelDrafter(HFCausalLM(models["gpt2"]["other"]))
-    assert generate_all(gpt2, prompts, params, other, k=4) == generate_all(gpt2, prompts, params, ModelDrafter(HFCausalLM(models["gpt2"]["other"])), k=4)
+    assert generate_all(gpt2, prompts, params, other, k=4) == generate_all(
+        gpt2, prompts, params, ModelDrafter(HFCausalLM(models["gpt2"]["other"])), k=4
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +198,8 @@ def small_gpt2():
 
 
 def exact_two_tokens(model, prompt: list[int], params: SamplingParams) -> np.ndarray:
-    """P(x1, x2 | prompt) [V * V] from transformers' own full forward passes (no cache), processed as the engine does."""
+    """P(x1, x2 | prompt) [V * V] from transformers' own full forward passes (no cache), processed as the engine
+    does."""
     with torch.no_grad():
         first = process_logits(model(torch.tensor([prompt])).logits[0, -1], params).double()  # [V]
         pairs = torch.tensor([prompt + [x] for x in range(SMALL_VOCAB)])
@@ -173,7 +213,9 @@ def joint_counts(target, draft, params: SamplingParams, n: int) -> tuple[list[np
     outputs = np.asarray(generate_all(target, list(JOINT_PROMPTS) * n, params, ModelDrafter(draft), k=2, stats=stats))
     assert outputs.shape == (len(JOINT_PROMPTS) * n, 2)
     cells = outputs[:, 0] * SMALL_VOCAB + outputs[:, 1]
-    return [np.bincount(cells[i :: len(JOINT_PROMPTS)], minlength=SMALL_VOCAB**2) for i in range(len(JOINT_PROMPTS))], stats
+    return [
+        np.bincount(cells[i :: len(JOINT_PROMPTS)], minlength=SMALL_VOCAB**2) for i in range(len(JOINT_PROMPTS))
+    ], stats
 
 
 def test_joint_distribution_of_two_tokens_is_exact_through_the_adapter(small_gpt2):
@@ -181,7 +223,12 @@ def test_joint_distribution_of_two_tokens_is_exact_through_the_adapter(small_gpt
     params = SamplingParams(temperature=1.0, seed=2024, max_new_tokens=2)
     counts, stats = joint_counts(HFCausalLM(hf_target), HFCausalLM(hf_draft), params, JOINT_N)
     for prompt, observed in zip(JOINT_PROMPTS, counts):
-        assert_distributed_as(observed, exact_two_tokens(hf_target, prompt, params), are_counts=True, label=f"gpt2 T=1 k=2 prompt {prompt}")
+        assert_distributed_as(
+            observed,
+            exact_two_tokens(hf_target, prompt, params),
+            are_counts=True,
+            label=f"gpt2 T=1 k=2 prompt {prompt}",
+        )
     assert 0 < stats.accepted < stats.proposed  # acceptances and rejections (residual draws)
     assert stats.accepted_by_position[1] > 0  # whole blocks accepted (bonus tokens)
 
@@ -255,13 +302,22 @@ def test_long_greedy_run_with_forced_rejections_equals_plain(models):
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9], [10, 11, 12]]
     params = SamplingParams(temperature=0, max_new_tokens=60)
     stats = SpecStats()
-    assert generate_all(target, prompts, params, ModelDrafter(HFCausalLM(models["llama"]["other"])), k=4, stats=stats) == generate_all(target, prompts, params, drafter=None)
+    assert generate_all(
+        target, prompts, params, ModelDrafter(HFCausalLM(models["llama"]["other"])), k=4, stats=stats
+    ) == generate_all(target, prompts, params, drafter=None)
     assert all(r.proposed - r.accepted > 40 for r in stats.requests)
 
 
 def test_unsupported_cache_layers_are_refused():
-    config = transformers.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+    )
     with pytest.raises(ValueError, match="cannot be rolled back"):
         HFCausalLM(transformers.MistralForCausalLM(config))
 
@@ -296,7 +352,11 @@ def test_identical_tokenizers_pass_and_padding_is_allowed(tmp_path):
 @pytest.mark.parametrize(
     "draft_tokens, special, message",
     [
-        (TOKENS[:5] + ["w13"] + TOKENS[6:15] + ["w3"] + TOKENS[16:], ("<eos>",), "token 'w3' is id 5 in the target, id 15 in the draft"),
+        (
+            TOKENS[:5] + ["w13"] + TOKENS[6:15] + ["w3"] + TOKENS[16:],
+            ("<eos>",),
+            "token 'w3' is id 5 in the target, id 15 in the draft",
+        ),
         (TOKENS[:-1] + ["other"], ("<eos>",), "token 'w19' is id 21 in the target, absent from the draft"),
         (TOKENS + ["extra"], ("<eos>",), "token 'extra' is id 22 in the draft, absent from the target"),
         (TOKENS, (), "token '<eos>' (id 1) is special in the target, not in the draft"),
@@ -327,7 +387,9 @@ def test_a_draft_padded_larger_drafts_exactly(models):
     drafter = ModelDrafter(match_vocab_size(padded, target.vocab_size))
     assert generate_all(target, prompts, GREEDY, drafter, k=3) == generate_all(target, prompts, GREEDY, drafter=None)
     params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=8)
-    small = match_vocab_size(HFCausalLM(hf_model("gpt2", 1, vocab_size=40)), VOCAB)  # logits padded with -inf; ids >= 40 fed as 0
+    small = match_vocab_size(
+        HFCausalLM(hf_model("gpt2", 1, vocab_size=40)), VOCAB
+    )  # logits padded with -inf; ids >= 40 fed as 0
     assert all(len(row) == 8 for row in generate_all(target, prompts, params, ModelDrafter(small), k=2))
     assert match_vocab_size(target, VOCAB) is target
 
@@ -339,13 +401,32 @@ def test_a_draft_padded_larger_drafts_exactly(models):
 
 def test_load_model_routes_llama_family_to_verispec_and_others_to_the_adapter(tmp_path):
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
-    verispec_llama = init_weights(LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                               num_attention_heads=2, num_key_value_heads=2, head_dim=16)))
+    verispec_llama = init_weights(
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=16,
+            )
+        )
+    )
     save_pretrained(verispec_llama, tmp_path / "llama")
     assert type(load_model(tmp_path / "llama")) is LlamaForCausalLM
 
-    qwen2 = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                                   num_attention_heads=2, num_key_value_heads=1)).eval()
+    qwen2 = transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
     qwen2.save_pretrained(tmp_path / "qwen2")
     loaded = load_model(tmp_path / "qwen2")
     assert type(loaded) is LlamaForCausalLM
@@ -371,9 +452,18 @@ def test_load_model_errors_are_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="transformers cannot load it") as error:
         load_model(tmp_path / "no-weights")
     assert "\n" not in str(error.value)
-    mistral = transformers.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, sliding_window=8)
-    transformers.MistralForCausalLM(mistral).save_pretrained(tmp_path / "sliding")  # verispec's model refuses it, so does the adapter
+    mistral = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        sliding_window=8,
+    )
+    transformers.MistralForCausalLM(mistral).save_pretrained(
+        tmp_path / "sliding"
+    )  # verispec's model refuses it, so does the adapter
     with pytest.raises(CheckpointError, match="cannot be rolled back"):
         load_model(tmp_path / "sliding")
 

@@ -69,7 +69,11 @@ def test_auto_choice_uses_the_faster_of_the_two_as_measured(monkeypatch):
         kernels._choices.pop("5x24x64", None)
         kernels.linear(torch.randn(5, 64), torch.randn(24, 64))  # first use: measured now, and kept
     choice = kernels.kernel_choices()["5x24x64"]
-    assert choice["kernel_s"] > 0 and choice["torch_s"] > 0 and choice["kernel"] == (choice["kernel_s"] <= choice["torch_s"])
+    assert (
+        choice["kernel_s"] > 0
+        and choice["torch_s"] > 0
+        and choice["kernel"] == (choice["kernel_s"] <= choice["torch_s"])
+    )
     kernels._choices.pop("5x24x64")
 
 
@@ -93,8 +97,12 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start():
     stale = kernels._build_dir / "lock"
     stale.touch()  # as a build killed midway leaves it
     try:
-        done = subprocess.run([sys.executable, "-c", "from verispec.models.kernels import kernel_status; print(kernel_status())"],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", "from verispec.models.kernels import kernel_status; print(kernel_status())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("a new process waited for the stale lock for 120 s")
     finally:

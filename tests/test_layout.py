@@ -31,8 +31,13 @@ def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
     """The verispec modules that `path` (module `name`) imports."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for child in node.body for n in ast.walk(child)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body
+        for n in ast.walk(child)
+    }
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -112,8 +117,10 @@ def test_the_server_never_imports_the_command_line():
     graph = _graph()
     for name in [m for m in graph if m.startswith("verispec.server")]:
         assert not any(m.startswith("verispec.cli") for m in _reachable(graph, name) | {name}), name
-    code = ("import sys, verispec.server, verispec.server.app, verispec.server.replicas, verispec.server.run; "
-            "print([m for m in sys.modules if m.startswith('verispec.cli')])")
+    code = (
+        "import sys, verispec.server, verispec.server.app, verispec.server.replicas, verispec.server.run; "
+        "print([m for m in sys.modules if m.startswith('verispec.cli')])"
+    )
     pytest.importorskip("fastapi")
     ray = "ray" in sys.modules or __import__("importlib").util.find_spec("ray") is not None
     if not ray:

@@ -20,10 +20,10 @@ import torch
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
-from verispec.models.checkpoint import CheckpointError, load_pretrained, load_tokenizer
-from verispec.models.gguf_convert import cached_gguf, convert
 from verispec.llamacpp import GGUFTokenizer, LlamaCppModel, unavailable
 from verispec.llamacpp.lib import library
+from verispec.models.checkpoint import CheckpointError, load_pretrained, load_tokenizer
+from verispec.models.gguf_convert import cached_gguf, convert
 from verispec.models.toy import make_toy_pair
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.sampling import RowSampling
@@ -79,7 +79,11 @@ def test_rows_of_a_batch_are_independent(toy_model):
     prompts = [[5, 9, 200], [44, 3, 8, 8, 1, 2], [7]]
     new = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
     batched = _fresh(toy_model, prompts, new)
-    other = _fresh(toy_model, [[9, 9, 9, 9, 9, 9, 9, 9]] + prompts[1:], torch.tensor([[200, 201, 202]]).expand(1, 3).clone().repeat(3, 1))
+    other = _fresh(
+        toy_model,
+        [[9, 9, 9, 9, 9, 9, 9, 9]] + prompts[1:],
+        torch.tensor([[200, 201, 202]]).expand(1, 3).clone().repeat(3, 1),
+    )
     assert not torch.allclose(batched[0], other[0], atol=1e-2)  # the check below can fail: row 0 differs here
     for row, prompt in enumerate(prompts):
         alone = _fresh(toy_model, [prompt], new[row : row + 1])[0]
@@ -96,7 +100,13 @@ def test_rows_on_sequences_out_of_order_give_each_row_its_own_results(toy_model)
     from verispec.llamacpp.context import _by_sequence
 
     assert _by_sequence(np.array([0, 0, 1, 2])) is None
-    assert _by_sequence(np.array([2, 2, 0, 1, 0])).tolist() == [2, 4, 3, 0, 1]  # stable: a row's positions keep their order
+    assert _by_sequence(np.array([2, 2, 0, 1, 0])).tolist() == [
+        2,
+        4,
+        3,
+        0,
+        1,
+    ]  # stable: a row's positions keep their order
     prompts = [[5, 9, 200, 31, 7], [44, 3], [101, 102, 103, 104]]
     new = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
     results = []
@@ -135,8 +145,13 @@ def test_rows_with_gaps_between_their_sequences_leave_the_gaps_as_they_were(toy_
     assert gaps.tolist() == [1, 1, 1, 3, 3, 3, 4, 4, 4] and positions.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2]
     pads, at = context._fill_gaps(np.array([2, 3, 3, 4]), np.array([5, 5, 6, 5]))  # 1, 2 and 1 tokens: padded to 2 each
     assert pads.tolist() == [2, 4] and at.tolist() == [6, 6]
-    assert context._fill_gaps(np.array([2, 3, 4]), np.array([5, 5, 5])) is None and context._fill_gaps(np.array([1]), np.array([0])) is None
-    assert context._fill_gaps(np.repeat([0, 2], [30, 4]), np.r_[np.arange(30), np.arange(4)]) is None  # two prompts: padding would not pay
+    assert (
+        context._fill_gaps(np.array([2, 3, 4]), np.array([5, 5, 5])) is None
+        and context._fill_gaps(np.array([1]), np.array([0])) is None
+    )
+    assert (
+        context._fill_gaps(np.repeat([0, 2], [30, 4]), np.r_[np.arange(30), np.arange(4)]) is None
+    )  # two prompts: padding would not pay
     assert torch.allclose(toy_model(new, cache), expected, atol=1e-3, rtol=0)
     last = [library().llama_memory_seq_pos_max(context.memory, seq) for seq in (1, 3, 4)]
     assert last == [-1, 2, -1]
@@ -166,7 +181,9 @@ def test_rows_with_unequal_tokens_and_a_gap_decode_as_alone(toy_model):
     for row, (prompt, count) in enumerate(zip(prompts, [2, 1, 2])):
         alone = toy_model.new_cache(1, 64)
         toy_model.prefill([prompt], alone)
-        assert torch.equal(drafted[row], toy_model.greedy_continuation(ids[row : row + 1, :count], [count], 3, alone)[0])
+        assert torch.equal(
+            drafted[row], toy_model.greedy_continuation(ids[row : row + 1, :count], [count], 3, alone)[0]
+        )
     ends = [library().llama_memory_seq_pos_max(cache.context.memory, seq) + 1 for seq in (0, 1, 2, 3)]
     assert ends == [5 + 2 + 2, 0, 2 + 1 + 2, 4 + 2 + 2] == [cache.host_lengths[0], 0, *cache.host_lengths[1:]]
 
@@ -219,7 +236,9 @@ def test_greedy_continuation_equals_the_forward_and_argmax_loop(toy_model):
     fed = [prompt + tokens + drafted[row, :3].tolist() for row, (prompt, tokens) in enumerate(zip(prompts, pending))]
     assert cache.host_lengths == [len(f) for f in fed]
     nxt = torch.tensor([[1], [2], [3]])
-    assert torch.allclose(toy_model(nxt, cache), _fresh(toy_model, fed, nxt), atol=1e-3, rtol=0)  # 2e-4 apart on an AVX2-only machine (other ubatch shapes)
+    assert torch.allclose(
+        toy_model(nxt, cache), _fresh(toy_model, fed, nxt), atol=1e-3, rtol=0
+    )  # 2e-4 apart on an AVX2-only machine (other ubatch shapes)
 
 
 def test_greedy_continuation_stops_after_the_first_unsure_token(toy_model):
@@ -297,7 +316,13 @@ def test_greedy_speculative_equals_llama_cpp_plain_greedy(pair):
     assert batched == [generate_all(target, [tokenizer.encode(t).ids], params)[0] for t in PROMPTS]
 
 
-TEXTS = ["def f(x):\n    return x  # comment\n\n", "  indented\ttabs\r\nCRLF", "unicode: é ü ß 中文 🙂", "<|endoftext|>after", ""]
+TEXTS = [
+    "def f(x):\n    return x  # comment\n\n",
+    "  indented\ttabs\r\nCRLF",
+    "unicode: é ü ß 中文 🙂",
+    "<|endoftext|>after",
+    "",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -326,7 +351,9 @@ def test_the_backend_is_chosen_by_format_and_name(toy, tmp_path):
     from verispec.models.llama import LlamaForCausalLM
 
     directory, gguf = toy
-    assert isinstance(load(gguf)[0], LlamaCppModel) and isinstance(load(directory)[0], LlamaCppModel)  # auto: llama.cpp runs here
+    assert isinstance(load(gguf)[0], LlamaCppModel) and isinstance(
+        load(directory)[0], LlamaCppModel
+    )  # auto: llama.cpp runs here
     assert isinstance(load(directory, "torch")[0], LlamaForCausalLM)
     with pytest.raises(CheckpointError, match="runs on llama.cpp"):
         load(gguf, "torch")
@@ -358,7 +385,9 @@ def test_generate_from_the_command_line_with_gguf_target_and_draft(toy, tmp_path
     common = ["generate", "def f(x):", "--max-new-tokens", "12", "--ignore-eos", "--k", "3"]
     assert main(common + ["--target", str(gguf), "--draft", str(draft)]) == 0
     on_gguf = capsys.readouterr().out.splitlines()
-    assert main(common + ["--target", str(directory), "--draft", str(directory.parent / "draft")]) == 0  # converted, cached
+    assert (
+        main(common + ["--target", str(directory), "--draft", str(directory.parent / "draft")]) == 0
+    )  # converted, cached
     on_directories = capsys.readouterr().out.splitlines()
     assert on_gguf[:-1] == on_directories[:-1] and "alpha_hat" in on_gguf[-1]
     assert main(common + ["--target", str(gguf), "--draft", str(directory.parent / "draft")]) == 0  # mixed formats

@@ -17,9 +17,9 @@ import pytest
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
 from verispec.llamacpp import step as llamacpp_step
 from verispec.models.gguf_convert import cached_gguf
-from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.sampling import RowSampling
 from verispec.stats import SpecStats
@@ -54,22 +54,35 @@ def _run(target, draft, prompts, params, k, threshold=0.0, python=False):
     if python:
         target.compiled_step = lambda *args: None  # the instance offers no compiled iteration
     try:
-        tokens = generate_all(target, prompts, params, ModelDrafter(draft, threshold) if draft is not None else None, k, stats)
+        tokens = generate_all(
+            target, prompts, params, ModelDrafter(draft, threshold) if draft is not None else None, k, stats
+        )
     finally:
         vars(target).pop("compiled_step", None)
     return tokens, stats
 
 
 def _acceptance(stats: SpecStats) -> list:
-    return [(r.target_passes, r.proposed, r.accepted, r.verified_by_position, r.accepted_by_position, r.beta_sum_by_position)
-            for r in stats.requests]
+    return [
+        (
+            r.target_passes,
+            r.proposed,
+            r.accepted,
+            r.verified_by_position,
+            r.accepted_by_position,
+            r.beta_sum_by_position,
+        )
+        for r in stats.requests
+    ]
 
 
 def test_the_compiled_step_is_built_and_used_here():
     assert llamacpp_step.step_status().startswith("compiled step loaded")  # CI has a compiler and llama.h
 
 
-@pytest.mark.parametrize("rows, k, threshold", [(1, 1, 0.0), (1, 4, 0.0), (1, 6, 0.0), (1, 4, 0.5), (3, 3, 0.0), (3, 4, 0.5)])
+@pytest.mark.parametrize(
+    "rows, k, threshold", [(1, 1, 0.0), (1, 4, 0.0), (1, 6, 0.0), (1, 4, 0.5), (3, 3, 0.0), (3, 4, 0.5)]
+)
 def test_the_compiled_step_commits_what_the_python_path_commits(pair, rows, k, threshold):
     target, draft, prompts = pair
     params = SamplingParams(temperature=0, max_new_tokens=40)
@@ -77,7 +90,9 @@ def test_the_compiled_step_commits_what_the_python_path_commits(pair, rows, k, t
     python, python_stats = _run(target, draft, prompts[:rows], params, k, threshold, python=True)
     assert compiled == python
     assert _acceptance(compiled_stats) == _acceptance(python_stats)
-    assert compiled_stats.proposed > 0 and 0 < compiled_stats.accepted < compiled_stats.proposed  # a real test: both outcomes occur
+    assert (
+        compiled_stats.proposed > 0 and 0 < compiled_stats.accepted < compiled_stats.proposed
+    )  # a real test: both outcomes occur
 
 
 def test_plain_decoding_through_the_compiled_step_commits_what_the_python_path_commits(pair):
@@ -144,7 +159,11 @@ def test_without_the_compiled_step_the_python_path_runs_and_says_why(monkeypatch
     drafter.start(prompts[:1], 64)
     assert target.compiled_step(target.new_cache(1, 64), drafter, RowSampling(params, 1), prompts[:1], 4) is None
     status = llamacpp_step.step_status()
-    assert ("no C compiler" in status and "using the Python path" in capsys.readouterr().err) if setting == "no compiler" else "disabled" in status
+    assert (
+        ("no C compiler" in status and "using the Python path" in capsys.readouterr().err)
+        if setting == "no compiler"
+        else "disabled" in status
+    )
     assert _run(target, draft, prompts[:1], params, 4)[0] == generate_all(target, prompts[:1], params)
 
 
@@ -154,12 +173,21 @@ def test_at_a_temperature_each_row_draws_from_its_own_stream(pair, monkeypatch):
     target, draft, prompts = pair
     used = []
     maybe = llamacpp_step.CompiledStep.maybe
-    monkeypatch.setattr(llamacpp_step.CompiledStep, "maybe", classmethod(lambda cls, *args: used.append(maybe(*args)) or used[-1]))
+    monkeypatch.setattr(
+        llamacpp_step.CompiledStep, "maybe", classmethod(lambda cls, *args: used.append(maybe(*args)) or used[-1])
+    )
     mine = SamplingParams(temperature=0.8, seed=21, max_new_tokens=30)
-    runs = [generate_all(target, [prompts[0], other], [mine, replace(mine, seed=seed, max_new_tokens=budget)], ModelDrafter(draft), 4)[0]
-            for other, seed, budget in [(prompts[1], 1, 30), (prompts[2], 2, 5), (prompts[1], 3, 12)]]
+    runs = [
+        generate_all(
+            target, [prompts[0], other], [mine, replace(mine, seed=seed, max_new_tokens=budget)], ModelDrafter(draft), 4
+        )[0]
+        for other, seed, budget in [(prompts[1], 1, 30), (prompts[2], 2, 5), (prompts[1], 3, 12)]
+    ]
     assert all(used) and runs[0] == runs[1] == runs[2]
-    assert generate_all(target, [prompts[0], prompts[1]], [replace(mine, seed=22), mine], ModelDrafter(draft), 4)[0] != runs[0]
+    assert (
+        generate_all(target, [prompts[0], prompts[1]], [replace(mine, seed=22), mine], ModelDrafter(draft), 4)[0]
+        != runs[0]
+    )
     used.clear()
     generate_all(target, prompts[:2], [mine, replace(mine, temperature=0.5)], ModelDrafter(draft), 4)
     assert used == [None]

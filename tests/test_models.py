@@ -12,18 +12,39 @@ from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 
 ARCHS = {
     # name: (config class, model class, extra config)
-    "llama-gqa-untied": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500000.0)),
-    "llama-mha-tied": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=10000.0)),
-    "qwen2-bias-tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=1000000.0)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=None)),
+    "llama-gqa-untied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500000.0),
+    ),
+    "llama-mha-tied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=10000.0),
+    ),
+    "qwen2-bias-tied": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=1000000.0),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=None),
+    ),
 }
 
 
 def _hf_model(name, seed=0):
     config_cls, model_cls, extra = ARCHS[name]
     config = getattr(transformers, config_cls)(
-        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=256, **extra,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        **extra,
     )
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
@@ -69,7 +90,16 @@ def test_ragged_prefill_matches_per_row(tmp_path):
 
 
 def test_save_load_round_trip_and_transformers_reads_ours(tmp_path):
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1234.0)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_theta=1234.0,
+    )
     ours = init_weights(LlamaForCausalLM(config), std=0.2, seed=3).eval()
     save_pretrained(ours, tmp_path)
     again = load_pretrained(tmp_path)
@@ -83,7 +113,16 @@ def test_save_load_round_trip_and_transformers_reads_ours(tmp_path):
 
 
 def test_sharded_save_loads_back(tmp_path):
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, head_dim=8, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     ours = init_weights(LlamaForCausalLM(config), seed=4)
     save_pretrained(ours, tmp_path, max_shard_bytes=20_000)
     shards = sorted(tmp_path.glob("model-*.safetensors"))
@@ -119,7 +158,15 @@ def test_bfloat16_is_close_to_float32(tmp_path):
     ],
 )
 def test_unreadable_checkpoints_raise_one_clear_error(tmp_path, damage, message):
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, head_dim=8)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+    )
     save_pretrained(init_weights(LlamaForCausalLM(config)), tmp_path)
     damage(tmp_path)
     with pytest.raises(CheckpointError, match=message) as info:
@@ -137,7 +184,15 @@ def _edit_config(directory, **changes):
 
 
 def test_cache_rollback_is_a_length_change_not_a_copy():
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     model = init_weights(LlamaForCausalLM(config)).eval()
     cache = model.new_cache(2, 16)
     keys_storage = cache.keys.data_ptr()

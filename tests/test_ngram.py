@@ -19,12 +19,12 @@ import random
 
 import pytest
 import torch
-
 from stats_helpers import assert_distributed_as
-from test_policy import Scripted
 from test_engine import JOINT_N, JOINT_TOKENS, NEGATIVE_N, PROMPTS_1, PROMPTS_4, T1, _assert_joint_fails, tiny_llama
 from test_engine import _joint_counts as engine_joint_counts
+from test_policy import Scripted
 from toy_models import MarkovLM
+
 from verispec.config import SamplingParams
 from verispec.drafters.base import Drafter
 from verispec.drafters.ngram import PromptLookupDrafter
@@ -58,8 +58,12 @@ NO_MATCH = [1, 2, 3]
 
 def test_protocol_and_arguments():
     assert isinstance(PromptLookupDrafter(), Drafter)
-    for kwargs, name in [({"max_ngram": 0}, "max_ngram"), ({"min_ngram": 0}, "min_ngram"),
-                         ({"max_ngram": 2, "min_ngram": 3}, "max_ngram"), ({"max_ngram": 2.0}, "max_ngram")]:
+    for kwargs, name in [
+        ({"max_ngram": 0}, "max_ngram"),
+        ({"min_ngram": 0}, "min_ngram"),
+        ({"max_ngram": 2, "min_ngram": 3}, "max_ngram"),
+        ({"max_ngram": 2.0}, "max_ngram"),
+    ]:
         with pytest.raises(ValueError, match=name):
             PromptLookupDrafter(**kwargs)
 

@@ -9,8 +9,8 @@ from verispec.cli import main
 from verispec.drafters.model import ModelDrafter
 from verispec.models.checkpoint import load_pretrained, load_tokenizer
 from verispec.pair import DRAFT_DIR, TARGET_DIR
-from verispec.training.train import held_out_loss
 from verispec.training.data import read_text, split_corpus
+from verispec.training.train import held_out_loss
 
 NEW_TOKENS = 32
 
@@ -35,7 +35,9 @@ def test_greedy_continuation_equals_transformers(target, held_out_prompt):
     assert tokenizer.encode(tokenizer.decode(held_out_prompt)) == held_out_prompt
     ids = torch.tensor([held_out_prompt])
     with torch.no_grad():
-        expected = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, len(held_out_prompt):].tolist()
+        expected = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[
+            0, len(held_out_prompt) :
+        ].tolist()
     params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, stop_token_ids=(0,))  # both stop at <|endoftext|>
     plain = generate_all(target, [held_out_prompt], params)
     speculative = generate_all(target, [held_out_prompt], params, ModelDrafter(load_pretrained(DRAFT_DIR)), k=2)

@@ -10,19 +10,17 @@ pay; each property has a negative control that fails it.
 
 from __future__ import annotations
 
-import random
-
 import pytest
-
+from policy_sim import Machine, run
 from stats_helpers import assert_distributed_as
 from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
+
 from verispec.config import SamplingParams
-from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
+from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
 from verispec.stats import SpecStats
-from policy_sim import Machine, run
 
 
 class Scripted:
@@ -60,13 +58,25 @@ def test_joint_distribution_is_exact_under_the_adaptive_policy(markov):
 
 @pytest.fixture(scope="module")
 def llama_pair():
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     target = init_weights(LlamaForCausalLM(config), std=0.3, seed=1).eval()
     other = init_weights(LlamaForCausalLM(config.replace(num_hidden_layers=1)), std=0.3, seed=2).eval()
     return target, other
 
 
-@pytest.mark.parametrize("policy", [lambda: Scripted([0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 3]), lambda: AdaptiveLength(k_max=6)], ids=["scripted", "adaptive"])
+@pytest.mark.parametrize(
+    "policy",
+    [lambda: Scripted([0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 3]), lambda: AdaptiveLength(k_max=6)],
+    ids=["scripted", "adaptive"],
+)
 @pytest.mark.parametrize("draft", ["self", "other"])
 def test_greedy_output_is_identical_whatever_the_policy(llama_pair, policy, draft):
     target, other = llama_pair
@@ -74,7 +84,9 @@ def test_greedy_output_is_identical_whatever_the_policy(llama_pair, policy, draf
     params = SamplingParams(temperature=0, max_new_tokens=40)
     plain = generate_all(target, prompts, params)
     stats = SpecStats()
-    spec = generate_all(target, prompts, params, ModelDrafter(target if draft == "self" else other), k=policy(), stats=stats)
+    spec = generate_all(
+        target, prompts, params, ModelDrafter(target if draft == "self" else other), k=policy(), stats=stats
+    )
     assert spec == plain
     if draft == "self":
         assert stats.alpha_hat >= 0.98
@@ -127,7 +139,7 @@ def test_follows_a_change_of_machine_within_500_passes():
     cheap, dear = MACHINES["cheap draft, high acceptance"], Machine([1 + 1.2 * k for k in range(K_MAX + 1)], alpha=0.8)
     _, chosen = run(AdaptiveLength(k_max=K_MAX), [(0, cheap), (1000, dear), (3000, cheap)], 5000)
     for start, machine in ((1000, dear), (3000, cheap)):
-        after = chosen[start + 500:start + 2000]
+        after = chosen[start + 500 : start + 2000]
         good = _near_best(machine, 0.05)
         assert sum(k in good for k in after) >= 0.8 * len(after), (start, good, sorted(set(after)))
 

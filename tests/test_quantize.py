@@ -10,7 +10,16 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.checkpoint import load_pretrained, save_pretrained
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
-from verispec.models.quantize import QuantLinear, dequantize_int4, pack_int4, quantize_int4, quantize_int8, quantize_model, unpack_int4, weight_bytes
+from verispec.models.quantize import (
+    QuantLinear,
+    dequantize_int4,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+    unpack_int4,
+    weight_bytes,
+)
 from verispec.stats import SpecStats
 
 
@@ -48,15 +57,28 @@ def test_bad_formats_are_refused():
 
 @pytest.fixture(scope="module")
 def model():
-    config = LlamaConfig(vocab_size=120, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    config = LlamaConfig(
+        vocab_size=120,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    )
     return init_weights(LlamaForCausalLM(config), std=0.1, seed=3).eval()
 
 
-@pytest.mark.parametrize("bits, ratio, error", [(8, 0.27, 0.05), (4, 0.16, 0.5)])  # int4, group 32: (0.5 + 4/32) / 4 bytes
+@pytest.mark.parametrize(
+    "bits, ratio, error", [(8, 0.27, 0.05), (4, 0.16, 0.5)]
+)  # int4, group 32: (0.5 + 4/32) / 4 bytes
 def test_quantized_model_reads_fewer_bytes_and_stays_close(model, bits, ratio, error, tmp_path):
     save_pretrained(model, tmp_path / "float")
     quant = quantize_model(load_pretrained(tmp_path / "float"), bits, 32)
-    layer_bytes = lambda m: weight_bytes(m) - model.lm_head.weight.numel() * 4  # the head stays float
+
+    def layer_bytes(m):
+        return weight_bytes(m) - model.lm_head.weight.numel() * 4  # the head stays float
+
     assert layer_bytes(quant) <= ratio * layer_bytes(model)
     ids = torch.randint(0, 120, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -74,13 +96,21 @@ def test_quantized_model_reads_fewer_bytes_and_stays_close(model, bits, ratio, e
 def test_the_output_head_is_int8_and_a_tied_embedding_stays_float(model, tied, tmp_path):
     import copy
 
-    float_model = init_weights(LlamaForCausalLM(model.config.replace(tie_word_embeddings=True)), std=0.1, seed=3).eval() if tied else model
+    float_model = (
+        init_weights(LlamaForCausalLM(model.config.replace(tie_word_embeddings=True)), std=0.1, seed=3).eval()
+        if tied
+        else model
+    )
     quant = quantize_model(copy.deepcopy(float_model), 8)
     kept = quantize_model(copy.deepcopy(float_model), 8, head_bits=None)
-    assert isinstance(quant.lm_head, QuantLinear) and quant.lm_head.bits == 8 and isinstance(kept.lm_head, torch.nn.Linear)
+    assert (
+        isinstance(quant.lm_head, QuantLinear) and quant.lm_head.bits == 8 and isinstance(kept.lm_head, torch.nn.Linear)
+    )
     assert torch.equal(quant.model.embed_tokens.weight, float_model.model.embed_tokens.weight)  # float rows
     head = float_model.lm_head.weight.numel()
-    assert weight_bytes(kept) - weight_bytes(quant) == head * 4 - (head + float_model.vocab_size * 4)  # float32 -> int8 + scales
+    assert weight_bytes(kept) - weight_bytes(quant) == head * 4 - (
+        head + float_model.vocab_size * 4
+    )  # float32 -> int8 + scales
     save_pretrained(quant, tmp_path / "q")
     again = load_pretrained(tmp_path / "q")
     assert again.quantization["head_bits"] == 8 and isinstance(again.lm_head, QuantLinear)
@@ -100,16 +130,48 @@ def test_quantized_target_as_draft_is_exact_and_accepted(model):
     params = SamplingParams(temperature=0, max_new_tokens=40)
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
     stats = SpecStats()
-    assert generate_all(model, prompts, params, ModelDrafter(draft), k=4, stats=stats) == generate_all(model, prompts, params)
+    assert generate_all(model, prompts, params, ModelDrafter(draft), k=4, stats=stats) == generate_all(
+        model, prompts, params
+    )
     assert stats.beta >= 0.9
 
 
 def test_quantize_command(model, tmp_path, capsys):
     save_pretrained(model, tmp_path / "float")
-    assert main(["quantize", "--model", str(tmp_path / "float"), "--out", str(tmp_path / "q4"), "--bits", "4", "--group-size", "32"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                str(tmp_path / "float"),
+                "--out",
+                str(tmp_path / "q4"),
+                "--bits",
+                "4",
+                "--group-size",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert "int4" in capsys.readouterr().out
     assert load_pretrained(tmp_path / "q4").quantization["bits"] == 4
-    assert main(["quantize", "--model", str(tmp_path / "float"), "--out", str(tmp_path / "x"), "--bits", "4", "--group-size", "48"]) == 2
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                str(tmp_path / "float"),
+                "--out",
+                str(tmp_path / "x"),
+                "--bits",
+                "4",
+                "--group-size",
+                "48",
+            ]
+        )
+        == 2
+    )
     assert "--group-size" in capsys.readouterr().err
 
 

@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from stats_helpers import assert_distributed_as, counts_of, is_distributed_as
 
 import verispec.rejection as rejection
-from stats_helpers import assert_distributed_as, counts_of, is_distributed_as
 from verispec.config import SamplingParams
 from verispec.rejection import acceptance_probability, verify
 from verispec.sampling import RowSampling, make_generator, process_logits, sample
@@ -84,6 +84,7 @@ def _assert_rate(successes: int, trials: int, beta: float, label: str):
 
 
 # --------------------------------------------------------------------------- (p, q) pairs
+
 
 def _pairs() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     pairs = {}
@@ -180,8 +181,12 @@ def test_deterministic_drafter_random_proposals_is_exact():
     # acceptance of position 0 is p at the row's proposal
     for token in range(10):
         rows = proposals[:, 0] == token
-        _assert_rate(int((num_accepted[rows] >= 1).sum()), int(rows.sum()), float(P_DET[token]),
-                     f"random proposals, proposal {token}")
+        _assert_rate(
+            int((num_accepted[rows] >= 1).sum()),
+            int(rows.sum()),
+            float(P_DET[token]),
+            f"random proposals, proposal {token}",
+        )
 
 
 # --------------------------------------------------------------------------- later positions
@@ -451,7 +456,11 @@ def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
     logits = torch.randn(batch, k + 1, vocab, generator=generator) * 2
     argmax = logits.argmax(-1)
     # proposals that often equal the argmax, so every acceptance count 0..k occurs
-    draft = torch.where(torch.rand(batch, k, generator=generator) < 0.7, argmax[:, :k], torch.randint(vocab, (batch, k), generator=generator))
+    draft = torch.where(
+        torch.rand(batch, k, generator=generator) < 0.7,
+        argmax[:, :k],
+        torch.randint(vocab, (batch, k), generator=generator),
+    )
     if declared_q == "one-hot":
         q = torch.nn.functional.one_hot(draft, vocab).float()
     elif declared_q == "soft":  # any q: with one-hot p the outcome never depends on it

@@ -33,8 +33,16 @@ from verispec.server.metrics import Metrics
 from verispec.server.replicas import merge_metrics
 from verispec.stats import RequestStats
 
-PROMPTS = ["def quicksort(arr):", "import os\n", "class Stack:\n    def __init__(self):", "for i in range(10):",
-           "# parse the arguments\n", "def main():\n    ", "try:\n    import json", "x = [i * i for"]
+PROMPTS = [
+    "def quicksort(arr):",
+    "import os\n",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    "# parse the arguments\n",
+    "def main():\n    ",
+    "try:\n    import json",
+    "x = [i * i for",
+]
 LONG = 96  # tokens of the streams that a replica is killed under
 
 
@@ -53,8 +61,12 @@ def test_every_replicas_metrics_merge_into_one_exposition():
     merged = merge_metrics(texts).decode()
     types = [line for line in merged.splitlines() if line.startswith("# TYPE")]
     assert len(types) == len(set(types)) == len([line for line in texts[0].splitlines() if line.startswith("# TYPE")])
-    requests = {(s.labels["replica"], s.labels["finish_reason"]): s.value for family in text_string_to_metric_families(merged)
-                for s in family.samples if s.name == "verispec_requests_total"}
+    requests = {
+        (s.labels["replica"], s.labels["finish_reason"]): s.value
+        for family in text_string_to_metric_families(merged)
+        for s in family.samples
+        if s.name == "verispec_requests_total"
+    }
     assert requests == {("a", "length"): 1.0, ("b", "stop"): 1.0}
     assert "replica=" not in Metrics("m").render().decode()  # one process: the output as before
 
@@ -118,7 +130,9 @@ def test_the_relay_retries_a_request_that_received_nothing_and_fails_one_that_ha
         return got
 
     died = ray_exceptions.ActorDiedError
-    retried = _Engine(_Stream([], died()), _Stream([ReplicaEvent([5, 6], replica="b"), ReplicaEvent([7], "length", replica="b")]))
+    retried = _Engine(
+        _Stream([], died()), _Stream([ReplicaEvent([5, 6], replica="b"), ReplicaEvent([7], "length", replica="b")])
+    )
     assert [(e.tokens, e.finish_reason) for e in asyncio.run(run(retried))] == [([5, 6], None), ([7], "length")]
     assert retried.calls == 2
 
@@ -170,16 +184,23 @@ def test_a_replica_lost_mid_request_is_a_retryable_503_as_json_and_as_an_sse_eve
     assert events[0]["choices"][0]["text"] == "ab"
     assert events[-1]["error"]["code"] == 503 and "retry" in events[-1]["error"]["message"]
 
-    ok = client(_Engine(_Stream([ReplicaEvent(tokenizer.encode("ok").ids, "length", RequestStats(generated_tokens=2), replica="z")])))
+    ok = client(
+        _Engine(
+            _Stream([ReplicaEvent(tokenizer.encode("ok").ids, "length", RequestStats(generated_tokens=2), replica="z")])
+        )
+    )
     whole = ok.post("/v1/completions", json=body).json()
     assert whole["choices"][0]["text"] == "ok" and whole["verispec"]["choices"][0]["replica"] == "z"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["serve", "--replicas", "0"], "--replicas: must be an integer >= 1, got '0'"),
-    (["serve", "--replicas", "two"], "--replicas: must be an integer >= 1, got 'two'"),
-    (["serve", "--ray-address", "auto"], "--ray-address needs --replicas"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--replicas", "0"], "--replicas: must be an integer >= 1, got '0'"),
+        (["serve", "--replicas", "two"], "--replicas: must be an integer >= 1, got 'two'"),
+        (["serve", "--ray-address", "auto"], "--ray-address needs --replicas"),
+    ],
+)
 def test_bad_replica_flags_are_one_line(argv, message, capsys):
     try:
         code = main(argv)
@@ -218,19 +239,50 @@ def _plain_texts() -> dict[int, list[int]]:
 
     target, _ = load(TARGET_DIR, "auto")
     tokenizer = load_text_tokenizer(TARGET_DIR, target)
-    ids = generate_all(target, [tokenizer.encode(p).ids for p in PROMPTS],
-                       SamplingParams(temperature=0, max_new_tokens=LONG, stop_token_ids=(target.config.eos_token_id,)))
-    return {(prompt, n): tokenizer.decode(row[:n], skip_special_tokens=True) for prompt, row in zip(PROMPTS, ids) for n in (24, LONG)}
+    ids = generate_all(
+        target,
+        [tokenizer.encode(p).ids for p in PROMPTS],
+        SamplingParams(temperature=0, max_new_tokens=LONG, stop_token_ids=(target.config.eos_token_id,)),
+    )
+    return {
+        (prompt, n): tokenizer.decode(row[:n], skip_special_tokens=True)
+        for prompt, row in zip(PROMPTS, ids)
+        for n in (24, LONG)
+    }
 
 
 @pytest.fixture(scope="module")
 def cluster():
     pytest.importorskip("ray.serve")
     pytest.importorskip("httpx")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a local test cluster that this process can join without its token
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+    }  # a local test cluster that this process can join without its token
     port, log = _free_port(), []
-    process = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--replicas", "2", "--threads", "1", "--port", str(port),
-                                "--k", "3", "--max-batch", "8", "--max-model-len", "256"], stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "verispec.cli",
+            "serve",
+            "--replicas",
+            "2",
+            "--threads",
+            "1",
+            "--port",
+            str(port),
+            "--k",
+            "3",
+            "--max-batch",
+            "8",
+            "--max-model-len",
+            "256",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     threading.Thread(target=lambda: log.extend(process.stderr), daemon=True).start()
     try:
         plain = _plain_texts()  # while Ray starts
@@ -273,8 +325,12 @@ def _stream(url: str, body: dict, started: threading.Event | None = None) -> dic
     import httpx
 
     text, error, replica = "", None, None
-    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                      timeout=120) as answer:
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        timeout=120,
+    ) as answer:
         for line in answer.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -337,13 +393,23 @@ def test_a_replica_killed_mid_stream_fails_its_streams_with_503_and_the_rest_com
 
     started = [threading.Event() for _ in PROMPTS]
     with ThreadPoolExecutor(max_workers=len(PROMPTS) + 4) as pool:
-        streams = [pool.submit(_stream, cluster.url, {"prompt": p, "max_tokens": LONG, "temperature": 0}, s) for p, s in zip(PROMPTS, started)]
+        streams = [
+            pool.submit(_stream, cluster.url, {"prompt": p, "max_tokens": LONG, "temperature": 0}, s)
+            for p, s in zip(PROMPTS, started)
+        ]
         assert all(s.wait(60) for s in started), "the streams did not start"
         deadline = time.time() + 10
-        while sum((running := _by_replica(cluster.url, "verispec_num_requests_running")).values()) < len(PROMPTS) and time.time() < deadline:
+        while (
+            sum((running := _by_replica(cluster.url, "verispec_num_requests_running")).values()) < len(PROMPTS)
+            and time.time() < deadline
+        ):
             time.sleep(0.2)
         victim = max(running, key=running.get)  # the replica holding the most streams
-        actor = next(a for a in ray_driver.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"VerispecEngine#{victim}"))
+        actor = next(
+            a
+            for a in ray_driver.util.list_named_actors(all_namespaces=True)
+            if a["name"].endswith(f"VerispecEngine#{victim}")
+        )
         ray_driver.kill(ray_driver.get_actor(actor["name"], namespace=actor["namespace"]))
         killed_at = time.time()
         results = [s.result(timeout=120) for s in streams]
@@ -359,7 +425,9 @@ def test_a_replica_killed_mid_stream_fails_its_streams_with_503_and_the_rest_com
                 assert r["text"] == cluster.plain[prompt, LONG]
                 assert r["replica"] != victim or r["ended"] < killed_at
 
-        after = list(pool.map(lambda p: _post(cluster.url, {"prompt": p, "max_tokens": 24, "temperature": 0}), PROMPTS[:4]))
+        after = list(
+            pool.map(lambda p: _post(cluster.url, {"prompt": p, "max_tokens": 24, "temperature": 0}), PROMPTS[:4])
+        )
     assert [a.status_code for a in after] == [200] * 4
     assert [a.json()["choices"][0]["text"] for a in after] == [cluster.plain[p, 24] for p in PROMPTS[:4]]
     assert all(a.json()["verispec"]["choices"][0]["replica"] != victim for a in after)
@@ -369,7 +437,9 @@ def test_a_replica_killed_mid_stream_fails_its_streams_with_503_and_the_rest_com
     deadline = time.time() + 120
     while True:
         states = serve.status().applications["verispec"].deployments["VerispecEngine"].replica_states
-        engines = [a["name"] for a in ray_driver.util.list_named_actors(all_namespaces=True) if "VerispecEngine#" in a["name"]]
+        engines = [
+            a["name"] for a in ray_driver.util.list_named_actors(all_namespaces=True) if "VerispecEngine#" in a["name"]
+        ]
         replaced = len(engines) == 2 and not any(name.endswith(victim) for name in engines)
         if states == {"RUNNING": 2} and replaced or time.time() > deadline:
             break

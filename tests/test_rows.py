@@ -85,11 +85,18 @@ def test_row_seeds_from_one_seed_or_one_per_row():
 
 
 def test_each_row_is_processed_with_its_own_settings():
-    settings = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=0), SamplingParams(top_p=0.5),
-                SamplingParams(temperature=0.7, top_k=3, seed=4), SamplingParams(min_p=0.2, sampling="invariant")]
+    settings = [
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=0),
+        SamplingParams(top_p=0.5),
+        SamplingParams(temperature=0.7, top_k=3, seed=4),
+        SamplingParams(min_p=0.2, sampling="invariant"),
+    ]
     batch = RowSampling(settings, len(settings))
     assert batch.shared is None and len(batch.groups) == 4  # rows 0 and 3 share settings (seeds aside)
-    assert batch.rows("greedy") == [1] and batch.rows("invariant") == [4] and sorted(batch.rows("rejection")) == [0, 2, 3]
+    assert (
+        batch.rows("greedy") == [1] and batch.rows("invariant") == [4] and sorted(batch.rows("rejection")) == [0, 2, 3]
+    )
     logits = torch.randn(5, 2, 9, generator=torch.Generator().manual_seed(0))
     expected = torch.stack([process_logits(logits[b], p) for b, p in enumerate(settings)])
     assert torch.equal(batch.process(logits), expected)
@@ -105,16 +112,28 @@ def _drafter(kind, drafts):
     return {"model": lambda: ModelDrafter(drafts["close"]), "ngram": PromptLookupDrafter, "none": lambda: None}[kind]()
 
 
-OTHER_SETTINGS = [dict(temperature=1.0), dict(temperature=0), dict(temperature=0.5, top_p=0.8), dict(temperature=1.2, top_k=3),
-                  dict(temperature=0.9, min_p=0.1), dict(temperature=0.7, sampling="invariant")]
+OTHER_SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0),
+    dict(temperature=0.5, top_p=0.8),
+    dict(temperature=1.2, top_k=3),
+    dict(temperature=0.9, min_p=0.1),
+    dict(temperature=0.7, sampling="invariant"),
+]
 
 
 def _companions(rows: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """rows other prompts (PROMPT's length: the same padded shapes) with other settings, seeds and budgets."""
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, 5, (rows, len(PROMPT)), generator=generator).tolist()
-    settings = [SamplingParams(**OTHER_SETTINGS[(b + seed) % len(OTHER_SETTINGS)], seed=None if b % 3 == 0 else 1000 * seed + b,
-                               max_new_tokens=5 + (7 * b + seed) % 30) for b in range(rows)]
+    settings = [
+        SamplingParams(
+            **OTHER_SETTINGS[(b + seed) % len(OTHER_SETTINGS)],
+            seed=None if b % 3 == 0 else 1000 * seed + b,
+            max_new_tokens=5 + (7 * b + seed) % 30,
+        )
+        for b in range(rows)
+    ]
     return prompts, settings
 
 
@@ -149,8 +168,11 @@ def test_each_row_stops_at_its_own_budget_and_stop_tokens(markov):
     greedy = generate_all(target, [PROMPT], SamplingParams(temperature=0, max_new_tokens=30))[0]
     stop = greedy[7]
     first_stop = greedy.index(stop)
-    settings = [SamplingParams(temperature=0, max_new_tokens=30), SamplingParams(temperature=0, max_new_tokens=4),
-                SamplingParams(temperature=0, max_new_tokens=30, stop_token_ids=(stop,))]
+    settings = [
+        SamplingParams(temperature=0, max_new_tokens=30),
+        SamplingParams(temperature=0, max_new_tokens=4),
+        SamplingParams(temperature=0, max_new_tokens=30, stop_token_ids=(stop,)),
+    ]
     rows = generate_all(target, [PROMPT] * 3, settings, ModelDrafter(drafts["close"]), k=4)
     assert rows == [greedy, greedy[:4], greedy[: first_stop + 1]]
 
@@ -164,4 +186,7 @@ def test_prompt_lookup_in_rejection_mode_commits_the_tokens_of_plain_sampling(ma
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=9, max_new_tokens=16)
     plain = generate_all(target, prompts, params)
     assert generate_all(target, prompts, params, PromptLookupDrafter(), k=4) == plain
-    assert sum(a != b for a, b in zip(generate_all(target, prompts, params, ModelDrafter(drafts["close"]), k=4), plain)) > 30
+    assert (
+        sum(a != b for a, b in zip(generate_all(target, prompts, params, ModelDrafter(drafts["close"]), k=4), plain))
+        > 30
+    )

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-
 from stats_helpers import (
     assert_distributed_as,
     chi_square,
@@ -18,6 +17,7 @@ from stats_helpers import (
     is_distributed_as,
     threshold,
 )
+
 from verispec.config import SamplingParams
 from verispec.sampling import make_generator, process_logits, sample
 
@@ -234,8 +234,9 @@ def test_filters_apply_in_order_temperature_top_k_top_p_min_p():
     assert p[6] < cut - 0.01 and p[4] > cut + 0.01
     p[p < cut] = 0.0
     p /= p.sum()
-    probs = process_logits(torch.tensor(raw, dtype=torch.float32),
-                           SamplingParams(temperature=t, top_k=5, top_p=0.8, min_p=0.55))
+    probs = process_logits(
+        torch.tensor(raw, dtype=torch.float32), SamplingParams(temperature=t, top_k=5, top_p=0.8, min_p=0.55)
+    )
     _close(probs, p)
     assert set(torch.nonzero(probs).ravel().tolist()) == {1, 3, 4}
 

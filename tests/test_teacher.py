@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
+from verispec.training.data import load_tokens
 from verispec.training.teacher import TeacherCache, build_teacher_cache, distill_loss
 from verispec.training.train import train
-from verispec.training.data import load_tokens
 
 SEQ = 32
 CHUNK = 1000  # windows per chunk: a few chunks over the small corpus
@@ -42,7 +42,9 @@ def teacher(tiny_teacher):
 
 
 def _build(teacher, data, out, **kw):
-    return build_teacher_cache(teacher, data, out, seq_len=SEQ, top_k=8, chunk_windows=CHUNK, batch_size=64, progress=False, **kw)
+    return build_teacher_cache(
+        teacher, data, out, seq_len=SEQ, top_k=8, chunk_windows=CHUNK, batch_size=64, progress=False, **kw
+    )
 
 
 def test_the_cache_holds_the_targets_top_k_and_the_rest(teacher, data, tmp_path):
@@ -81,7 +83,9 @@ def test_distill_loss_is_the_kl_of_the_coarsened_distributions():
     logp = F.log_softmax(p_logits, dim=-1)
     full_kl = (logp.exp() * (logp - F.log_softmax(q_logits, dim=-1))).sum(-1).mean()
     every = logp.topk(11, dim=-1)
-    assert torch.allclose(distill_loss(q_logits, every.indices, every.values, torch.full((2, 5), -80.0)), full_kl, atol=1e-5)
+    assert torch.allclose(
+        distill_loss(q_logits, every.indices, every.values, torch.full((2, 5), -80.0)), full_kl, atol=1e-5
+    )
     top = logp.topk(3, dim=-1)
     rest = logp.scatter(-1, top.indices, float("-inf")).logsumexp(-1)
     assert distill_loss(p_logits, top.indices, top.values, rest).abs() < 1e-6  # q = p
@@ -91,8 +95,14 @@ def test_distill_loss_is_the_kl_of_the_coarsened_distributions():
 def test_distilling_from_the_cache_raises_acceptance_and_exports_the_best_beta(teacher, data, tmp_path):
     cache, _ = _build(teacher, data, tmp_path / "cache")
     draft_config = tiny_draft_config()
-    before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher_cache=str(cache)), progress=False) / "model")
-    out = train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher), teacher_cache=str(cache), eval_every=20), progress=False)
+    before = load_pretrained(
+        train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher_cache=str(cache)), progress=False) / "model"
+    )
+    out = train(
+        draft_config,
+        _cfg(data, tmp_path / "d1", 60, teacher=str(teacher), teacher_cache=str(cache), eval_every=20),
+        progress=False,
+    )
     after = load_pretrained(out / "model")
     beta = held_out_beta(teacher, (before, after), data)
     assert beta[1] > beta[0] + 0.1

@@ -291,9 +291,16 @@ def test_mixed_speedup_with_every_pass_proposing_k_is_the_refined_model(alphas, 
 def test_mixed_speedup_is_expected_tokens_over_expected_cost_per_pass():
     # a quarter of passes propose nothing (1 token, cost 1); the rest propose 2 tokens:
     # E = 1 + 0.5 + 0.5 * 0.8 = 1.9 tokens at cost 2 * 0.1 + 1.2 = 1.4
-    tokens, cost = Fraction(1, 4) + Fraction(3, 4) * Fraction(19, 10), Fraction(1, 4) + Fraction(3, 4) * Fraction(14, 10)
-    assert mixed_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2], [0.25, 0.0, 0.75]) == pytest.approx(float(tokens / cost), rel=1e-14)
-    assert float(tokens / cost) < refined_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2])  # ignoring plain passes overstates S
+    tokens, cost = (
+        Fraction(1, 4) + Fraction(3, 4) * Fraction(19, 10),
+        Fraction(1, 4) + Fraction(3, 4) * Fraction(14, 10),
+    )
+    assert mixed_speedup([0.5, 0.8], 0.1, [1.0, 1.1, 1.2], [0.25, 0.0, 0.75]) == pytest.approx(
+        float(tokens / cost), rel=1e-14
+    )
+    assert float(tokens / cost) < refined_speedup(
+        [0.5, 0.8], 0.1, [1.0, 1.1, 1.2]
+    )  # ignoring plain passes overstates S
 
 
 @PROPERTY

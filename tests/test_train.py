@@ -8,8 +8,8 @@ import torch
 from train_helpers import held_out_beta, small_config, tiny_draft_config
 
 from verispec.models.checkpoint import load_pretrained
-from verispec.training.train import PRESETS, TrainConfig, held_out_loss, train
 from verispec.training.data import corpus_files, is_held_out, load_tokens, split_corpus
+from verispec.training.train import PRESETS, TrainConfig, held_out_loss, train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -47,7 +47,10 @@ def test_training_lowers_held_out_loss_and_saves_a_loadable_model(data, tmp_path
     out = train(PRESETS["tiny"], _cfg(data, tmp_path, 60), progress=False)
     model = load_pretrained(out / "model")
     untrained = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "zero", 1), progress=False) / "model")
-    assert held_out_loss(model, data, seq_len=32, max_windows=64) < held_out_loss(untrained, data, seq_len=32, max_windows=64) - 0.5
+    assert (
+        held_out_loss(model, data, seq_len=32, max_windows=64)
+        < held_out_loss(untrained, data, seq_len=32, max_windows=64) - 0.5
+    )
     assert (out / "model" / "tokenizer.json").exists() and (out / "model" / "tokenizer_config.json").exists()
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out / "model")
@@ -90,8 +93,12 @@ def test_export_writes_the_checkpoint_weights_so_far(data, tmp_path, capsys):
 def test_distillation_brings_the_draft_towards_the_teacher(data, tiny_teacher, tmp_path):
     teacher = tiny_teacher
     draft_config = tiny_draft_config()
-    before = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher=str(teacher)), progress=False) / "model")
-    after = load_pretrained(train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher)), progress=False) / "model")
+    before = load_pretrained(
+        train(draft_config, _cfg(data, tmp_path / "d0", 1, teacher=str(teacher)), progress=False) / "model"
+    )
+    after = load_pretrained(
+        train(draft_config, _cfg(data, tmp_path / "d1", 60, teacher=str(teacher)), progress=False) / "model"
+    )
     beta = held_out_beta(teacher, (before, after), data)
     assert beta[1] > beta[0] + 0.1
 
@@ -114,7 +121,14 @@ def test_early_stopping_exports_the_best_held_out_weights(data, tmp_path, monkey
     monkeypatch.setattr(train_module, "held_out_loss", lambda model, data: next(scripted))
     out = train(PRESETS["tiny"], _cfg(data, tmp_path, 30, eval_every=5), progress=False)
     log = json.loads((out / "train_log.json").read_text())
-    assert [(e["step"], e["heldout_loss"]) for e in log["log"] if "heldout_loss" in e] == [(5, 3.0), (10, 1.0), (15, 2.0), (20, 4.0), (25, 5.0), (30, 6.0)]
+    assert [(e["step"], e["heldout_loss"]) for e in log["log"] if "heldout_loss" in e] == [
+        (5, 3.0),
+        (10, 1.0),
+        (15, 2.0),
+        (20, 4.0),
+        (25, 5.0),
+        (30, 6.0),
+    ]
     assert log["best"] == {"step": 10, "heldout_loss": 1.0}
     exported = load_pretrained(out / "model").state_dict()
     best = torch.load(out / "best.pt", weights_only=False)
@@ -141,6 +155,10 @@ def test_stop_after_keeps_the_schedule_and_a_second_run_finishes_it(data, tmp_pa
     stopped = train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 20, stop_after=1e-9), progress=False)
     log = json.loads((stopped / "train_log.json").read_text())
     assert log["stopped_before_the_end"] and log["steps_run"] < 20 and log["train_config"]["steps"] == 20
-    finished = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 20), progress=False) / "model").state_dict()
-    whole = load_pretrained(train(PRESETS["tiny"], _cfg(data, tmp_path / "b", 20), progress=False) / "model").state_dict()
+    finished = load_pretrained(
+        train(PRESETS["tiny"], _cfg(data, tmp_path / "a", 20), progress=False) / "model"
+    ).state_dict()
+    whole = load_pretrained(
+        train(PRESETS["tiny"], _cfg(data, tmp_path / "b", 20), progress=False) / "model"
+    ).state_dict()
     assert all(torch.equal(finished[name], whole[name]) for name in whole)

@@ -58,7 +58,7 @@ class MarkovLM(nn.Module):
         self.forward_calls = 0  # target passes, to count the work done
 
     @classmethod
-    def perturbed(cls, other: "MarkovLM", noise: float, seed: int) -> "MarkovLM":
+    def perturbed(cls, other: MarkovLM, noise: float, seed: int) -> MarkovLM:
         """A model close to `other`: its table plus Normal(0, noise) (a moderately good draft)."""
         generator = torch.Generator().manual_seed(seed)
         return cls(table=other.table + noise * torch.randn(other.table.shape, generator=generator))

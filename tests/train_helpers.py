@@ -4,8 +4,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from verispec.training.train import TrainConfig
 from verispec.training.data import corpus_files, prepare_data
+from verispec.training.train import TrainConfig
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -20,7 +20,17 @@ def small_data(root: Path, out: Path, files: int = 60, vocab_size: int = 400) ->
 
 
 def small_config(data, out, steps: int, seq_len: int = 32, **kw) -> TrainConfig:
-    return TrainConfig(out=str(out), data=str(data), steps=steps, batch_size=4, seq_len=seq_len, lr=3e-3, warmup=5, checkpoint_every=5, **kw)
+    return TrainConfig(
+        out=str(out),
+        data=str(data),
+        steps=steps,
+        batch_size=4,
+        seq_len=seq_len,
+        lr=3e-3,
+        warmup=5,
+        checkpoint_every=5,
+        **kw,
+    )
 
 
 def tiny_draft_config():

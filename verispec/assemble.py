@@ -354,8 +354,7 @@ def engine_description(target, dtype: str) -> str:
         from .models.kernels import kernel_status
 
         return f"{dtype}, {kernel_status()}"
-    from .llamacpp import system_info
-    from .llamacpp import step_status
+    from .llamacpp import step_status, system_info
 
     return f"llama.cpp, {target.config.description}, {target.n_threads} threads; {system_info()}; {step_status()}"
 

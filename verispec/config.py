@@ -51,16 +51,33 @@ class SamplingParams:
     sampling: str = "rejection"  # or "invariant": position-keyed noise, the tokens of plain decoding (invariant.py)
 
     def __post_init__(self) -> None:
-        _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        _check(
+            _is_number(self.temperature) and self.temperature >= 0,
+            "temperature",
+            self.temperature,
+            "a finite number >= 0",
+        )
         _check(_is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0 (0 = off)")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
         _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed", self.seed, "None or an integer in [0, 2**63)")
-        _check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        _check(
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
+            "seed",
+            self.seed,
+            "None or an integer in [0, 2**63)",
+        )
+        _check(
+            _is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
+            "max_new_tokens",
+            self.max_new_tokens,
+            "an integer >= 1",
+        )
         stop = self.stop_token_ids
         _check(
             isinstance(stop, (tuple, list)) and all(_is_int(t) and t >= 0 for t in stop),
-            "stop_token_ids", stop, "a sequence of integers >= 0",
+            "stop_token_ids",
+            stop,
+            "a sequence of integers >= 0",
         )
         object.__setattr__(self, "stop_token_ids", tuple(stop))
         _check(self.sampling in SAMPLING_MODES, "sampling", self.sampling, f"one of {', '.join(SAMPLING_MODES)}")

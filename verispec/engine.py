@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams
-from .policy import DraftLengthPolicy, FixedLength
 from .drafters.base import Drafter
 from .models.rows import extend_rows, prefill_rows
+from .policy import DraftLengthPolicy, FixedLength
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
 from .step import Iteration, PythonStep, Step, sync
@@ -60,7 +60,10 @@ def check_context(target, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         return
     length, budget = max(((len(p), n) for p, n in zip(prompts, budgets)), key=sum)
     if length + budget > context:
-        raise ValueError(f"the prompt ({length} tokens) plus max_new_tokens ({budget}) exceeds the model's context of {context} positions")
+        raise ValueError(
+            f"the prompt ({length} tokens) plus max_new_tokens ({budget}) exceeds the model's context of {context} "
+            "positions"
+        )
 
 
 def _cut(tokens: list[int], budget: int, stop_token_ids: tuple[int, ...]) -> tuple[list[int], str | None]:
@@ -119,7 +122,12 @@ class Batch:
         policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
         if drafter is None:
             policy = FixedLength(0)
-        empty = capacity is not None and isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)) and len(prompts) == 0
+        empty = (
+            capacity is not None
+            and isinstance(prompts, Sequence)
+            and not isinstance(prompts, (str, bytes))
+            and len(prompts) == 0
+        )
         if empty:  # no request yet: the caches are made for `capacity` rows, then emptied
             if not isinstance(capacity, int) or capacity < 1 or max_length is None:
                 raise ValueError("a batch without prompts needs capacity >= 1 and max_length")
@@ -135,16 +143,22 @@ class Batch:
         check_context(target, prompts, budgets)
         needed = max(len(p) + n for p, n in zip(prompts, budgets)) + policy.k_max + 1
         if max_length is not None and max_length < needed:
-            raise ValueError(f"max_length ({max_length}) is below the longest prompt plus its budget and k_max + 1 ({needed})")
+            raise ValueError(
+                f"max_length ({max_length}) is below the longest prompt plus its budget and k_max + 1 ({needed})"
+            )
         self.max_length = max_length or needed
         self.stats = stats if stats is not None else SpecStats()
         self.count_requests = count_requests
         self.ids: list = list(range(batch))
-        self.logprobs: list[int | None] = [None] * batch  # per row: None, or the top alternatives wanted with each token's log-probability
+        self.logprobs: list[int | None] = [
+            None
+        ] * batch  # per row: None, or the top alternatives wanted with each token's log-probability
         self.last_logprobs: dict = {}  # id -> [(log p(token), {alternative: log p})] for the tokens of the last step
         self.requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
         self.active = [True] * batch
-        self.finished: list[tuple[object, RequestStats]] = []  # (id, stats) of the rows that left at the last step or cancel
+        self.finished: list[
+            tuple[object, RequestStats]
+        ] = []  # (id, stats) of the rows that left at the last step or cancel
         self._done: dict = {}  # id -> stats of requests that left (count_requests)
         self._staged = 0  # rows reserved for prompts being read piece by piece
         self.started = time.perf_counter()
@@ -165,12 +179,16 @@ class Batch:
         # The iteration, chosen once: the target's own (one compiled call) where it offers one that applies.
         offer = getattr(target, "compiled_step", None) if compiled else None
         chosen = offer(self.cache, drafter, self.sampling, prompts, policy.k_max) if offer is not None else None
-        self.stepper: Step = chosen if chosen is not None else PythonStep(target, self.cache, drafter, self.sampling, device)
+        self.stepper: Step = (
+            chosen if chosen is not None else PythonStep(target, self.cache, drafter, self.sampling, device)
+        )
         # Rows can leave and join when every per-row state can move them; else finished rows stay in place.
         self.can_change_rows = self.stepper.can_change_rows
         if empty:
             if not self.can_change_rows:
-                raise ValueError("this target's cache or this drafter cannot take requests during a batch (keep_rows, add_rows)")
+                raise ValueError(
+                    "this target's cache or this drafter cannot take requests during a batch (keep_rows, add_rows)"
+                )
             self.ids, self.requests = [], []
             self._keep([])
         self._closed = False
@@ -209,8 +227,13 @@ class Batch:
             self.stepper.retire(rows)
 
     @torch.no_grad()
-    def join(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], ids: Sequence,
-             logprobs: Sequence[int | None] | None = None) -> None:
+    def join(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        ids: Sequence,
+        logprobs: Sequence[int | None] | None = None,
+    ) -> None:
         """Start requests: prompts[i] with params[i] (its own seed), known as ids[i], in rows
         after the running ones. logprobs[i] (None: not wanted) asks for each committed token's
         log-probability under the target's raw distribution (its logits before temperature and
@@ -220,19 +243,28 @@ class Batch:
             raise ValueError("logprobs needs one entry per prompt: None or an integer >= 0")
         prompts, params, ids = _check_prompts(prompts, self.target.vocab_size), list(params), list(ids)
         if not self.can_change_rows:
-            raise RuntimeError("requests cannot join this batch: it runs on the compiled step (build it with compiled=False), "
-                               "or its target's cache or drafter cannot add rows")
+            raise RuntimeError(
+                "requests cannot join this batch: it runs on the compiled step (build it with compiled=False), "
+                "or its target's cache or drafter cannot add rows"
+            )
         if len(params) != len(prompts) or len(ids) != len(prompts):
-            raise ValueError(f"join needs one SamplingParams and one id per prompt, got {len(prompts)}, {len(params)}, {len(ids)}")
+            raise ValueError(
+                f"join needs one SamplingParams and one id per prompt, got {len(prompts)}, {len(params)}, {len(ids)}"
+            )
         if len(self.ids) + self._staged + len(prompts) > self.capacity:
-            raise ValueError(f"the batch holds {self.capacity} rows; {len(self.ids)} run, {self._staged} are staged "
-                             f"and {len(prompts)} asked to join")
+            raise ValueError(
+                f"the batch holds {self.capacity} rows; {len(self.ids)} run, {self._staged} are staged "
+                f"and {len(prompts)} asked to join"
+            )
         if len(set(ids)) != len(ids) or set(ids) & set(self.ids):
             raise ValueError("ids must be distinct from each other and from the running requests'")
         check_context(self.target, prompts, [p.max_new_tokens for p in params])
         longest = max(len(p) + q.max_new_tokens for p, q in zip(prompts, params)) + self.policy.k_max + 1
         if longest > self.max_length:
-            raise ValueError(f"a prompt plus its max_new_tokens and k_max + 1 ({longest}) exceeds the batch's max_length ({self.max_length})")
+            raise ValueError(
+                f"a prompt plus its max_new_tokens and k_max + 1 ({longest}) exceeds the batch's max_length "
+                f"({self.max_length})"
+            )
         started = time.perf_counter()
         first = len(self.ids)
         self.cache.add_rows(len(prompts))
@@ -282,17 +314,23 @@ class Batch:
         self._staged -= 1
 
     @torch.no_grad()
-    def join_staged(self, staged: Staged, prompt: Sequence[int], params: SamplingParams, id, logprobs: int | None = None) -> None:
+    def join_staged(
+        self, staged: Staged, prompt: Sequence[int], params: SamplingParams, id, logprobs: int | None = None
+    ) -> None:
         """Start the request whose prompt but its last token was fed to `staged`: it becomes the
         batch's last row, as `join` would make it."""
         prompt = _check_prompts([prompt], self.target.vocab_size)[0]
         if staged.fed != len(prompt) - 1:
-            raise ValueError(f"the staged row holds {staged.fed} tokens; the prompt but its last token is {len(prompt) - 1}")
+            raise ValueError(
+                f"the staged row holds {staged.fed} tokens; the prompt but its last token is {len(prompt) - 1}"
+            )
         if id in self.ids:
             raise ValueError("ids must be distinct from the running requests'")
         check_context(self.target, [prompt], [params.max_new_tokens])
         if len(prompt) + params.max_new_tokens + self.policy.k_max + 1 > self.max_length:
-            raise ValueError(f"a prompt plus its max_new_tokens and k_max + 1 exceeds the batch's max_length ({self.max_length})")
+            raise ValueError(
+                f"a prompt plus its max_new_tokens and k_max + 1 exceeds the batch's max_length ({self.max_length})"
+            )
         self.cache.adopt_row(staged.view)
         if self.drafter is not None:
             self.drafter.add_rows([prompt], [staged.draft_view])
@@ -327,7 +365,9 @@ class Batch:
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
         k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
-        if k > 0 and getattr(drafter, "joined_unread", 0):  # rows joined since the last drafting pass: the draft reads them now
+        if k > 0 and getattr(
+            drafter, "joined_unread", 0
+        ):  # rows joined since the last drafting pass: the draft reads them now
             started = time.perf_counter()
             drafter.read_joined()
             sync(device)

@@ -113,13 +113,17 @@ def verify_batch(
     target_probs = sampling.process(scores)  # [B, k+1, V]
     rejection = sampling.rows("rejection")
     streams = sampling.streams
-    drawn = streams.counters.clone() if draft_probs is None else None  # [B] numbers each row had drawn (coupled form only)
+    drawn = (
+        streams.counters.clone() if draft_probs is None else None
+    )  # [B] numbers each row had drawn (coupled form only)
     if len(rejection) == batch:  # the common case: no row to pick out
         output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
         if draft_probs is None:  # coupled form: one number per committed token, the rest unread
             streams.counters = drawn + num_accepted + 1
         return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
-    positions = torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)  # [B, k+1]
+    positions = (
+        torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)
+    )  # [B, k+1]
     target_ids = sampling.draw(target_probs, positions, modes=("invariant",))  # [B, k+1]: argmax or invariant choice
     output, num_accepted = verify_greedy(draft_token_ids, target_ids)
     beta = (draft_token_ids == target_ids[:, :k]).float()  # [B, k]

@@ -101,7 +101,13 @@ def row_seed(seed: int, row: int) -> int:
 
 def _settings(params: SamplingParams) -> tuple:
     """What process_logits and the rule read: rows that share it are processed together."""
-    return (params.temperature, params.top_k, params.top_p, params.min_p, params.sampling if not params.greedy else "greedy")
+    return (
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        params.min_p,
+        params.sampling if not params.greedy else "greedy",
+    )
 
 
 class RowSampling:
@@ -114,13 +120,19 @@ class RowSampling:
     where its seed is None), and its invariant-mode noise is keyed by seeds[b]: a seeded row's
     numbers never depend on the other rows."""
 
-    def __init__(self, params: SamplingParams | Sequence[SamplingParams], batch: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self, params: SamplingParams | Sequence[SamplingParams], batch: int, device: torch.device | str = "cpu"
+    ):
         if isinstance(params, SamplingParams):
-            rows = [params if params.seed is None else replace(params, seed=row_seed(params.seed, b)) for b in range(batch)]
+            rows = [
+                params if params.seed is None else replace(params, seed=row_seed(params.seed, b)) for b in range(batch)
+            ]
         else:
             rows = list(params)
             if len(rows) != batch or not all(isinstance(p, SamplingParams) for p in rows):
-                raise ValueError(f"params must be one SamplingParams or one per prompt ({batch}), got {len(rows)} items")
+                raise ValueError(
+                    f"params must be one SamplingParams or one per prompt ({batch}), got {len(rows)} items"
+                )
         self.params: list[SamplingParams] = rows
         self.seeds = [p.seed if p.seed is not None else fresh_seed() for p in rows]
         self.streams = RowStreams(self.seeds, device)
@@ -132,8 +144,10 @@ class RowSampling:
         for b, p in enumerate(rows):
             groups.setdefault(_settings(p), []).append(b)
         self.groups = [(rows[members[0]], members) for members in groups.values()]  # (settings, rows)
-        self._modes = {mode: sorted(b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members)
-                       for mode in ("greedy", "invariant", "rejection")}  # in row order: all rows of a mode are then the batch itself
+        self._modes = {
+            mode: sorted(b for settings, members in self.groups if _settings(settings)[-1] == mode for b in members)
+            for mode in ("greedy", "invariant", "rejection")
+        }  # in row order: all rows of a mode are then the batch itself
         self.greedy = len(self._modes["greedy"]) == len(rows)  # every row at temperature 0
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -176,7 +190,9 @@ class RowSampling:
             probs[index] = process_logits(logits[index], settings)
         return probs
 
-    def draw(self, probs: torch.Tensor, positions: torch.Tensor, modes: tuple[str, ...] = ("invariant", "rejection")) -> torch.Tensor:
+    def draw(
+        self, probs: torch.Tensor, positions: torch.Tensor, modes: tuple[str, ...] = ("invariant", "rejection")
+    ) -> torch.Tensor:
         """Each row's tokens from its processed distributions probs [B, T, V] at absolute
         positions [B, T]: the argmax at temperature 0, the invariant choice (`invariant.choose`)
         in invariant mode, else draws from the row's own generator. [B, T] long. Rows of a mode

@@ -127,10 +127,15 @@ class SpecStats(RequestStats):
                 f" mean tokens/target pass {self.mean_tokens_per_pass:.2f} (incl. recovered/bonus)"
             )
             if plain_step_s is not None:
-                line += f" | speed-up ~{self.estimated_speedup(plain_step_s):.2f}x (plain step {plain_step_s * 1000:.1f} ms, profiled)"
+                speedup = self.estimated_speedup(plain_step_s)
+                line += f" | speed-up ~{speedup:.2f}x (plain step {plain_step_s * 1000:.1f} ms, profiled)"
         else:
             line += f" | no speculation, {self.target_passes} target passes"
-        return line + f" | prefill {self.prefill_time_s:.2f} s, draft {self.draft_time_s:.2f} s, target {self.target_time_s:.2f} s"
+        return (
+            line
+            + f" | prefill {self.prefill_time_s:.2f} s, draft {self.draft_time_s:.2f} s,"
+            + f" target {self.target_time_s:.2f} s"
+        )
 
     def to_dict(self) -> dict:
         return {

@@ -98,7 +98,9 @@ class PythonStep:
         sync(self.device)
         scored = time.perf_counter()
         starts = self._start_lengths
-        output, num_accepted, beta = verify_batch(scores, draft_token_ids, draft_probs, self.sampling, starts)  # [B, k+1], [B], [B, k]
+        output, num_accepted, beta = verify_batch(
+            scores, draft_token_ids, draft_probs, self.sampling, starts
+        )  # [B, k+1], [B], [B, k]
         # the sync (float64: ids exact)
         host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()
         accepted = [int(row[k + 1]) for row in host]

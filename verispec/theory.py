@@ -173,7 +173,12 @@ def mixed_speedup(alphas: Sequence[float], c: float, r: CostCurve, shares: Seque
     alphas, c, curve = _alphas(alphas), _cost_ratio(c), _cost_curve(r)
     weights = _reals("shares", shares)
     _check(len(weights) == len(alphas) + 1, "shares", shares, f"k+1 = {len(alphas) + 1} values (j = 0..k)")
-    _check(all(0.0 <= w <= 1.0 for w in weights) and abs(sum(weights) - 1.0) <= 1e-6, "shares", shares, "values in [0, 1] summing to 1")
+    _check(
+        all(0.0 <= w <= 1.0 for w in weights) and abs(sum(weights) - 1.0) <= 1e-6,
+        "shares",
+        shares,
+        "values in [0, 1] summing to 1",
+    )
     tokens = cost = 0.0
     for j, weight in enumerate(weights):
         if weight:
@@ -204,7 +209,9 @@ def refined_speedups(alphas: Sequence[float], c: float, r: CostCurve, k_max: int
     return speedups
 
 
-def capped_speedups(alphas: Sequence[float], continues: Sequence[float], c: float, r: CostCurve, k_max: int) -> tuple[list[float], list[float]]:
+def capped_speedups(
+    alphas: Sequence[float], continues: Sequence[float], c: float, r: CostCurve, k_max: int
+) -> tuple[list[float], list[float]]:
     """([S(0), ..., S(k_max)], [cost(0), ..., cost(k_max)]) where k caps a draft that may stop
     sooner on its own (a confidence stop, prompt lookup without a match).
 
@@ -233,9 +240,7 @@ def capped_speedups(alphas: Sequence[float], continues: Sequence[float], c: floa
     return speedups, costs
 
 
-def refined_optimal_k(
-    alphas: Sequence[float], c: float, r: CostCurve, k_max: int | None = None
-) -> tuple[int, float]:
+def refined_optimal_k(alphas: Sequence[float], c: float, r: CostCurve, k_max: int | None = None) -> tuple[int, float]:
     """(k*, S(k*)): argmax over k in 0..k_max of S(k) = (1 + sum_{i<=k} prod_{j<=i} alpha_j) / (k*c + r(k+1)).
 
     k = 0 is plain decoding, S = 1 / r(1) = 1. Ties go to the smaller k; S is not assumed

@@ -23,18 +23,32 @@ from pathlib import Path
 import torch
 
 from ..config import SamplingParams
-from ..policy import AdaptiveLength
 from ..drafters.base import Drafter
 from ..engine import generate_all
 from ..models.quantize import weight_bytes
-from .profile import profile_costs
+from ..policy import AdaptiveLength
 from ..stats import SpecStats
 from ..theory import mixed_speedup
+from .profile import profile_costs
 
 RUN_FIELDS = (
-    "k", "temperature", "tokens_per_s_baseline", "tokens_per_s_speculative", "speedup", "speedup_min", "speedup_max",
-    "alpha_hat", "beta", "mean_tokens_per_pass", "predicted_speedup", "greedy_identical", "baseline_spread", "noisy",
-    "sampling", "invariant_identical", "invariant_bound",
+    "k",
+    "temperature",
+    "tokens_per_s_baseline",
+    "tokens_per_s_speculative",
+    "speedup",
+    "speedup_min",
+    "speedup_max",
+    "alpha_hat",
+    "beta",
+    "mean_tokens_per_pass",
+    "predicted_speedup",
+    "greedy_identical",
+    "baseline_spread",
+    "noisy",
+    "sampling",
+    "invariant_identical",
+    "invariant_bound",
 )
 
 
@@ -53,11 +67,15 @@ def _alphas(stats: SpecStats, k: int) -> list[float]:
     out: list[float] = []
     for i in range(k):
         value = stats.beta_by_position[i] if i < len(stats.beta_by_position) else float("nan")
-        out.append(min(max(value, 0.0), 1.0) if not math.isnan(value) else (out[-1] if out else 0.0))  # float32 beta: 1 + ulp
+        out.append(
+            min(max(value, 0.0), 1.0) if not math.isnan(value) else (out[-1] if out else 0.0)
+        )  # float32 beta: 1 + ulp
     return out
 
 
-def _predicted_with_prefill(decode_speedup: float, plain_decode_s: float, prefill_plain_s: float, prefill_spec_s: float) -> float:
+def _predicted_with_prefill(
+    decode_speedup: float, plain_decode_s: float, prefill_plain_s: float, prefill_spec_s: float
+) -> float:
     """The refined model predicts decoding; prompts are prefilled all the same (the draft's
     too), measured. Whole-run speed-up = (prefill + decode) plain / (prefill + decode) spec."""
     return (prefill_plain_s + plain_decode_s) / (prefill_spec_s + plain_decode_s / decode_speedup)
@@ -119,48 +137,82 @@ def run_bench(
                     stats_all.add(request)
                 bar.update(1)
             run = {
-                "k": k, "temperature": temperature,
-                "tokens_per_s_baseline": statistics.median(base_tps), "tokens_per_s_speculative": statistics.median(spec_tps),
-                "speedup": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
-                "alpha_hat": stats_all.alpha_hat, "beta": stats_all.beta, "mean_tokens_per_pass": stats_all.mean_tokens_per_pass,
-                "acceptance_by_position": stats_all.acceptance_by_position, "beta_by_position": stats_all.beta_by_position,
-                "predicted_speedup": None, "greedy_identical": identical if temperature == 0 else None,
-                "baseline_spread": max(base_tps) / min(base_tps), "sampling": sampling,
-                "invariant_identical": identical if sampling == "invariant" and temperature > 0 else None, "invariant_bound": None,
+                "k": k,
+                "temperature": temperature,
+                "tokens_per_s_baseline": statistics.median(base_tps),
+                "tokens_per_s_speculative": statistics.median(spec_tps),
+                "speedup": statistics.median(ratios),
+                "speedup_min": min(ratios),
+                "speedup_max": max(ratios),
+                "alpha_hat": stats_all.alpha_hat,
+                "beta": stats_all.beta,
+                "mean_tokens_per_pass": stats_all.mean_tokens_per_pass,
+                "acceptance_by_position": stats_all.acceptance_by_position,
+                "beta_by_position": stats_all.beta_by_position,
+                "predicted_speedup": None,
+                "greedy_identical": identical if temperature == 0 else None,
+                "baseline_spread": max(base_tps) / min(base_tps),
+                "sampling": sampling,
+                "invariant_identical": identical if sampling == "invariant" and temperature > 0 else None,
+                "invariant_bound": None,
             }
             run["noisy"] = run["baseline_spread"] > NOISY_SPREAD
             if k != "auto":
                 tokens = stats_all.generated_tokens / repeats
                 shares = (stats_all.proposal_length_shares + [0.0] * (k + 1))[: k + 1]  # passes proposing 0..k tokens
                 run["predicted_speedup"] = _predicted_with_prefill(
-                    mixed_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r, shares), tokens * profile.target_s[0],
-                    statistics.median(prefill_plain), statistics.median(prefill_spec),
+                    mixed_speedup(_alphas(stats_all, k), profile.c or 0.0, profile.r, shares),
+                    tokens * profile.target_s[0],
+                    statistics.median(prefill_plain),
+                    statistics.median(prefill_spec),
                 )
             runs.append(run)
     bar.close()
     for run in runs:
         if run["sampling"] == "invariant":
-            rejection = [r for r in runs if r["sampling"] == "rejection" and (r["temperature"], r["k"]) == (run["temperature"], run["k"])]
+            rejection = [
+                r
+                for r in runs
+                if r["sampling"] == "rejection" and (r["temperature"], r["k"]) == (run["temperature"], run["k"])
+            ]
             if rejection:
                 run["invariant_bound"] = rejection[0]["beta"] / (2 - rejection[0]["beta"])
     best = {}
     for temperature, sampling in settings:
-        fixed = [r for r in runs if (r["temperature"], r["sampling"]) == (temperature, sampling) and r["k"] != "auto" and not r["noisy"]]
+        fixed = [
+            r
+            for r in runs
+            if (r["temperature"], r["sampling"]) == (temperature, sampling) and r["k"] != "auto" and not r["noisy"]
+        ]
         if fixed:
             top = max(fixed, key=lambda r: r["speedup"])
-            best[str(temperature) + ("" if sampling == "rejection" else f" {sampling}")] = {"k": top["k"], "speedup": top["speedup"]}
+            best[str(temperature) + ("" if sampling == "rejection" else f" {sampling}")] = {
+                "k": top["k"],
+                "speedup": top["speedup"],
+            }
     return {
-        "runs": runs, "profile": profile.to_dict(), "prompts": len(prompts), "best_k": best,
+        "runs": runs,
+        "profile": profile.to_dict(),
+        "prompts": len(prompts),
+        "best_k": best,
         "draft_bytes_per_token": weight_bytes(draft_model) if draft_model is not None else 0,
         "target_bytes_per_pass": weight_bytes(target),
-        "max_new_tokens": max_new_tokens, "repeats": repeats,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
         "noisy_runs": sum(r["noisy"] for r in runs),
-        "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair ratios; "
-                f"noisy = the plain baseline's repeats ranged more than {NOISY_SPREAD}x (such runs are not picked as the best k)",
+        "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair "
+        "ratios; "
+        f"noisy = the plain baseline's repeats ranged more than {NOISY_SPREAD}x (such runs are not picked as the best "
+        "k)",
     }
 
 
-def write_reports(result: dict, json_path: str | Path | None = None, csv_path: str | Path | None = None, plot_dir: str | Path | None = None) -> list[Path]:
+def write_reports(
+    result: dict,
+    json_path: str | Path | None = None,
+    csv_path: str | Path | None = None,
+    plot_dir: str | Path | None = None,
+) -> list[Path]:
     """Write the JSON, the CSV (one row per run) and the PNG plots that were asked for."""
     written = []
     if json_path:
@@ -183,7 +235,6 @@ def plot(result: dict, directory: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import MaxNLocator
 
     directory = Path(directory)
@@ -194,12 +245,30 @@ def plot(result: dict, directory: str | Path) -> list[Path]:
     for temperature in sorted({r["temperature"] for r in result["runs"]}):
         rs = sorted((r for r in runs if r["temperature"] == temperature), key=lambda r: r["k"])
         ks = [r["k"] for r in rs]
-        line = ax.errorbar(ks, [r["speedup"] for r in rs], yerr=[[r["speedup"] - r["speedup_min"] for r in rs], [r["speedup_max"] - r["speedup"] for r in rs]],
-                           marker="o", capsize=4, label=f"measured, T={temperature}" + (" (one repeat: no spread)" if repeats == 1 else ""))
+        line = ax.errorbar(
+            ks,
+            [r["speedup"] for r in rs],
+            yerr=[[r["speedup"] - r["speedup_min"] for r in rs], [r["speedup_max"] - r["speedup"] for r in rs]],
+            marker="o",
+            capsize=4,
+            label=f"measured, T={temperature}" + (" (one repeat: no spread)" if repeats == 1 else ""),
+        )
         if rs and all(r["predicted_speedup"] is not None for r in rs):
-            ax.plot(ks, [r["predicted_speedup"] for r in rs], "--", marker="x", markersize=8, label=f"predicted, T={temperature}")
+            ax.plot(
+                ks,
+                [r["predicted_speedup"] for r in rs],
+                "--",
+                marker="x",
+                markersize=8,
+                label=f"predicted, T={temperature}",
+            )
         for auto in (r for r in result["runs"] if r["k"] == "auto" and r["temperature"] == temperature):
-            ax.axhline(auto["speedup"], ls=":", color=line[0].get_color(), label=f"k = auto, T={temperature}: {auto['speedup']:.2f}x")
+            ax.axhline(
+                auto["speedup"],
+                ls=":",
+                color=line[0].get_color(),
+                label=f"k = auto, T={temperature}: {auto['speedup']:.2f}x",
+            )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft length k")
@@ -214,8 +283,14 @@ def plot(result: dict, directory: str | Path) -> list[Path]:
     markers = "osD^vP*X"
     for i, r in enumerate(result["runs"]):  # distinct markers, later runs smaller: none hides another
         if r["beta_by_position"]:
-            ax.plot(range(1, len(r["beta_by_position"]) + 1), r["beta_by_position"], marker=markers[i % len(markers)],
-                    markersize=max(3, 9 - i), alpha=0.85, label=f"k={r['k']}, T={r['temperature']}")
+            ax.plot(
+                range(1, len(r["beta_by_position"]) + 1),
+                r["beta_by_position"],
+                marker=markers[i % len(markers)],
+                markersize=max(3, 9 - i),
+                alpha=0.85,
+                label=f"k={r['k']}, T={r['temperature']}",
+            )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position")
     ax.set_ylabel("beta (exact acceptance probability)")

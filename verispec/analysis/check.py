@@ -33,16 +33,20 @@ import numpy as np
 import torch
 
 from .. import rejection
-from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
 from ..config import SamplingParams
 from ..engine import generate_all
 from ..invariant import choose
 from ..llamacpp.deviation import pass_shape_deviation
 from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
+from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
 
-DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (the built-in vocabulary: 200,000)
-CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) for malloc to reuse
+DRAWS_X_VOCAB = (
+    200_000 * 8192
+)  # the default draws per position: as many as fit this work (the built-in vocabulary: 200,000)
+CHUNK = (
+    256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) for malloc to reuse
+)
 COMPARED = 8  # prompts of the comparisons (b) and (c)
 
 
@@ -110,8 +114,9 @@ def _chain(target, drafter, context: list[int], k: int, sampling: RowSampling):
     return proposals, p, q
 
 
-def verify_position(p: torch.Tensor, q: torch.Tensor | None, proposal: int, params: SamplingParams, n: int, seed: int,
-                    mode: str) -> tuple[np.ndarray, int]:
+def verify_position(
+    p: torch.Tensor, q: torch.Tensor | None, proposal: int, params: SamplingParams, n: int, seed: int, mode: str
+) -> tuple[np.ndarray, int]:
     """n verifications of one position with target distribution p [V] and draft distribution q
     [V] (None: q one-hot at `proposal`), in chunks, each row its own stream: (counts of the
     committed token [V], acceptances)."""
@@ -141,8 +146,9 @@ def _test(context: int, position: int, proposal: int | None, p, q, counts, accep
     beta = float(torch.minimum(p, q).sum()) if q is not None else float(p[proposal])
     statistic, df = chi_square(counts, p.double().numpy())
     limit = threshold(df)
-    return PositionTest(context, position, proposal, beta, accepted / n, statistic, df, limit, detectable_tv(n, df),
-                        statistic <= limit)
+    return PositionTest(
+        context, position, proposal, beta, accepted / n, statistic, df, limit, detectable_tv(n, df), statistic <= limit
+    )
 
 
 @contextmanager
@@ -163,8 +169,18 @@ def default_draws(vocab_size: int) -> int:
 
 
 @torch.no_grad()
-def run_check(target, drafter, prompts: list[list[int]], params: SamplingParams, contexts: int = 1, k: int = 4,
-              n: int | None = None, seeds: int = 200, max_new_tokens: int = 16, progress: Callable[[str], None] | None = None) -> CheckReport:
+def run_check(
+    target,
+    drafter,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    contexts: int = 1,
+    k: int = 4,
+    n: int | None = None,
+    seeds: int = 200,
+    max_new_tokens: int = 16,
+    progress: Callable[[str], None] | None = None,
+) -> CheckReport:
     """All four parts on the prompts (token ids), each continued greedily by the target for 16
     tokens: (a) on the first `contexts` where the drafter proposes, (b) and (c) on the first
     COMPARED. `params` holds the user's settings (temperature, top-k, top-p, min-p, sampling
@@ -179,14 +195,19 @@ def run_check(target, drafter, prompts: list[list[int]], params: SamplingParams,
         torch.set_num_threads(threads)
 
 
-def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_tokens, progress, started) -> CheckReport:
+def _run_check(
+    target, drafter, prompts, params, contexts, k, n, seeds, max_new_tokens, progress, started
+) -> CheckReport:
     say = progress or (lambda message: None)
     seed = params.seed if params.seed is not None else 0
     report = CheckReport(settings=asdict(params), draws=n)
     greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     say(f"contexts: {len(prompts)} prompts, each continued by 16 greedy tokens of the target")
     prompts = [c + t for c, t in zip(prompts, generate_all(target, prompts, replace(greedy, max_new_tokens=16)))]
-    say(f"pass-shape deviation: {min(COMPARED, len(prompts))} contexts, one-position passes against 4-position, 2-row and large-cache passes")
+    say(
+        f"pass-shape deviation: {min(COMPARED, len(prompts))} contexts, one-position passes against 4-position, 2-row "
+        "and large-cache passes"
+    )
     deviation = pass_shape_deviation(target, prompts[:COMPARED])
     report.deviation = {**asdict(deviation), "largest": deviation.largest}
     if getattr(target, "shape_invariant", False):  # llama.cpp with exact kernels: what its default settings would give
@@ -206,42 +227,80 @@ def _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_
             proposals, p, q = _chain(target, drafter, context, k, single)
             used += bool(proposals)
             if len(proposals) < k:
-                report.skipped.append(f"context {c + 1}: the drafter proposed {len(proposals)} of {k} tokens; "
-                                      + (f"positions {len(proposals) + 1}..{k} not tested" if proposals else "another prompt is used"))
+                report.skipped.append(
+                    f"context {c + 1}: the drafter proposed {len(proposals)} of {k} tokens; "
+                    + (f"positions {len(proposals) + 1}..{k} not tested" if proposals else "another prompt is used")
+                )
             for i, proposal in enumerate(proposals):
                 qi = None if q is None else q[i]
                 say(f"(a) context {c + 1}, position {i + 1}: {n:,} verifications")
-                counts, accepted = verify_position(p[i], qi, proposal, params, n, row_seed(seed, 1000 * c + i), params.sampling)
+                counts, accepted = verify_position(
+                    p[i], qi, proposal, params, n, row_seed(seed, 1000 * c + i), params.sampling
+                )
                 test = _test(c, i + 1, None if qi is not None else proposal, p[i], qi, counts, accepted, n)
                 report.tests.append(test)
                 if least is None or test.beta < least[0]:
                     least = (test.beta, c, i + 1, p[i], qi, proposal)
     if least is not None:  # (d): the same test with the planted bug, where it shows most
         beta, c, position, p, q, proposal = least
-        q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()  # the residual path
-        say(f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens drawn from p")
+        q = (
+            q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()
+        )  # the residual path
+        say(
+            f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens "
+            "drawn from p"
+        )
         with _residual_from_p():
             counts, accepted = verify_position(p, q, proposal, params, n, row_seed(seed, 999_999), "rejection")
         test = _test(c, position, None, p, q, counts, accepted, n)
-        planted = 0.5 * float((torch.minimum(p, q) + (1 - beta) * p - p).abs().sum())  # TV of the buggy rule's output from p
-        report.control = {"context": c, "position": position, "beta": beta, "planted_tv": planted, "statistic": test.statistic,
-                          "df": test.df, "threshold": test.threshold, "detectable_tv": test.detectable_tv, "passed": not test.passed}
+        planted = 0.5 * float(
+            (torch.minimum(p, q) + (1 - beta) * p - p).abs().sum()
+        )  # TV of the buggy rule's output from p
+        report.control = {
+            "context": c,
+            "position": position,
+            "beta": beta,
+            "planted_tv": planted,
+            "statistic": test.statistic,
+            "df": test.df,
+            "threshold": test.threshold,
+            "detectable_tv": test.detectable_tv,
+            "passed": not test.passed,
+        }
     if not params.greedy:
         say(f"(b) invariant mode: {seeds} seeded rows, speculative against plain, {max_new_tokens} tokens")
         rows = [prompts[b % min(COMPARED, len(prompts))] for b in range(seeds)]
-        invariant = [replace(params, sampling="invariant", seed=seed + b, max_new_tokens=max_new_tokens) for b in range(seeds)]
+        invariant = [
+            replace(params, sampling="invariant", seed=seed + b, max_new_tokens=max_new_tokens) for b in range(seeds)
+        ]
         plain = generate_all(target, rows, invariant)
         spec = generate_all(target, rows, invariant, drafter, k=k)
-        gaps = [_gap(target, rows[b], a, b_tokens, invariant[b]) for b, (a, b_tokens) in enumerate(zip(plain, spec)) if a != b_tokens]
-        movable = 4 * deviation.largest / params.temperature  # log p + G moves by at most 4 delta / T when each logit moves by delta
-        report.invariant = {"rows": seeds, "equal": seeds - len(gaps), "near_ties": sum(g <= movable for g in gaps),
-                            "gaps": gaps, "passed": all(g <= movable for g in gaps)}
+        gaps = [
+            _gap(target, rows[b], a, b_tokens, invariant[b])
+            for b, (a, b_tokens) in enumerate(zip(plain, spec))
+            if a != b_tokens
+        ]
+        movable = (
+            4 * deviation.largest / params.temperature
+        )  # log p + G moves by at most 4 delta / T when each logit moves by delta
+        report.invariant = {
+            "rows": seeds,
+            "equal": seeds - len(gaps),
+            "near_ties": sum(g <= movable for g in gaps),
+            "gaps": gaps,
+            "passed": all(g <= movable for g in gaps),
+        }
     say(f"(c) greedy: {min(COMPARED, len(prompts))} prompts, speculative against plain, {max_new_tokens} tokens")
     plain = generate_all(target, prompts[:COMPARED], greedy)
     spec = generate_all(target, prompts[:COMPARED], greedy, drafter, k=k)
     gaps = [_logit_gap(target, context, a, b) for context, a, b in zip(prompts, plain, spec) if a != b]
-    report.greedy = {"rows": len(plain), "equal": len(plain) - len(gaps), "near_ties": sum(g <= 2 * deviation.largest for g in gaps),
-                     "gaps": gaps, "passed": all(g <= 2 * deviation.largest for g in gaps)}
+    report.greedy = {
+        "rows": len(plain),
+        "equal": len(plain) - len(gaps),
+        "near_ties": sum(g <= 2 * deviation.largest for g in gaps),
+        "gaps": gaps,
+        "passed": all(g <= 2 * deviation.largest for g in gaps),
+    }
     report.seconds = time.perf_counter() - started
     return report
 
@@ -253,9 +312,13 @@ def _gap(target, prompt: list[int], plain: list[int], spec: list[int], params: S
 
     i = next((j for j, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     context = prompt + plain[:i]
-    logits = target(torch.tensor([[context[-1]]], device=target.device), _prefilled(target, context, 0))[:, -1:].float()  # [1, 1, V]
+    logits = target(torch.tensor([[context[-1]]], device=target.device), _prefilled(target, context, 0))[
+        :, -1:
+    ].float()  # [1, 1, V]
     probs = RowSampling(params, 1).process(logits)
-    scores = probs.double().log() + gumbel_noise(torch.tensor([params.seed]), torch.tensor([[len(context)]]), probs.shape[-1])
+    scores = probs.double().log() + gumbel_noise(
+        torch.tensor([params.seed]), torch.tensor([[len(context)]]), probs.shape[-1]
+    )
     top = scores.reshape(-1).topk(2).values
     return float(top[0] - top[1])
 
@@ -265,7 +328,9 @@ def _logit_gap(target, prompt: list[int], plain: list[int], spec: list[int]) -> 
     row's two largest logits (a one-position pass, as plain decoding scores it)."""
     i = next((j for j, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     context = prompt + plain[:i]
-    logits = target(torch.tensor([[context[-1]]], device=target.device), _prefilled(target, context, 0))[0, -1].float()  # [V]
+    logits = target(torch.tensor([[context[-1]]], device=target.device), _prefilled(target, context, 0))[
+        0, -1
+    ].float()  # [V]
     top = logits.topk(2).values
     return float(top[0] - top[1])
 
@@ -275,32 +340,69 @@ def format_report(report: CheckReport) -> list[str]:
     d = report.deviation
     lines = []
     if d is not None:
-        lines.append(f"engine numerics: the largest logit gap between pass shapes over {d['contexts']} contexts is {d['largest']:.3g} "
-                     f"(positions {d['positions']:.3g}, rows {d['rows']:.3g}, cache {d['cache']:.3g})"
-                     + ("" if d["largest"] == 0 else "; rows that differ by less than it can move are numerics, not the rule"))
+        lines.append(
+            f"engine numerics: the largest logit gap between pass shapes over {d['contexts']} contexts is "
+            f"{d['largest']:.3g} "
+            f"(positions {d['positions']:.3g}, rows {d['rows']:.3g}, cache {d['cache']:.3g})"
+            + ("" if d["largest"] == 0 else "; rows that differ by less than it can move are numerics, not the rule")
+        )
         default = d.get("llama_cpp_defaults")
         if default is not None:
-            lines.append(f"    with llama.cpp's default kernels (--exact-kernels off) it would be {default:.3g}: "
-                         + ("verispec's exact kernels changed this file's numerics" if default > d["largest"] else "no setting had to change for this file"))
-    lines += [(f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
-              f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):")]
+            lines.append(
+                f"    with llama.cpp's default kernels (--exact-kernels off) it would be {default:.3g}: "
+                + (
+                    "verispec's exact kernels changed this file's numerics"
+                    if default > d["largest"]
+                    else "no setting had to change for this file"
+                )
+            )
+    lines += [
+        (
+            f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
+            f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):"
+        )
+    ]
     for t in report.tests:
         what = f"proposal {t.proposal}" if t.proposal is not None else "x ~ q"
-        lines.append(f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted {t.accepted:.3f}, "
-                     f"chi-square {t.statistic:.1f} (df {t.df}, threshold {t.threshold:.1f}), detects TV >= {t.detectable_tv:.4f}: "
-                     f"{'pass' if t.passed else 'FAIL'}")
+        lines.append(
+            f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted "
+            f"{t.accepted:.3f}, "
+            f"chi-square {t.statistic:.1f} (df {t.df}, threshold {t.threshold:.1f}), detects TV >= "
+            f"{t.detectable_tv:.4f}: "
+            f"{'pass' if t.passed else 'FAIL'}"
+        )
     lines += [f"    not tested: {reason}" for reason in report.skipped]
     if report.control is not None:
         c = report.control
-        lines.append(f"(d) negative control (recovered token drawn from p) at context {c['context'] + 1} position {c['position']}: "
-                     f"planted TV {c['planted_tv']:.4f}, chi-square {c['statistic']:.1f} (threshold {c['threshold']:.1f}): "
-                     f"{'caught' if c['passed'] else 'NOT CAUGHT (the planted error is below what the test detects)'}")
+        lines.append(
+            f"(d) negative control (recovered token drawn from p) at context {c['context'] + 1} position "
+            f"{c['position']}: "
+            f"planted TV {c['planted_tv']:.4f}, chi-square {c['statistic']:.1f} (threshold {c['threshold']:.1f}): "
+            f"{'caught' if c['passed'] else 'NOT CAUGHT (the planted error is below what the test detects)'}"
+        )
     if report.invariant is not None:
         i = report.invariant
-        ties = f" (the other {i['near_ties']}: score gaps within the deviation: " + ", ".join(f"{g:.1e}" for g in i["gaps"]) + " nats)" if i["near_ties"] else ""
-        lines.append(f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}: {'pass' if i['passed'] else 'FAIL'}")
+        ties = (
+            f" (the other {i['near_ties']}: score gaps within the deviation: "
+            + ", ".join(f"{g:.1e}" for g in i["gaps"])
+            + " nats)"
+            if i["near_ties"]
+            else ""
+        )
+        lines.append(
+            f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}: "
+            f"{'pass' if i['passed'] else 'FAIL'}"
+        )
     g = report.greedy
-    ties = f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: " + ", ".join(f"{x:.1e}" for x in g["gaps"]) + ")" if g["near_ties"] else ""
-    lines.append(f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}")
+    ties = (
+        f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
+        + ", ".join(f"{x:.1e}" for x in g["gaps"])
+        + ")"
+        if g["near_ties"]
+        else ""
+    )
+    lines.append(
+        f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
+    )
     lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
     return lines

@@ -20,7 +20,9 @@ FALSE_FAILURE = 1e-9
 MIN_EXPECTED = 5.0
 
 
-def merge_cells(observed: np.ndarray, expected: np.ndarray, min_expected: float = MIN_EXPECTED) -> tuple[np.ndarray, np.ndarray]:
+def merge_cells(
+    observed: np.ndarray, expected: np.ndarray, min_expected: float = MIN_EXPECTED
+) -> tuple[np.ndarray, np.ndarray]:
     """Pool cells with expected < min_expected into one cell (smallest first), so that every
     cell, the pooled one included, has expected >= min_expected (when the total allows)."""
     order = np.argsort(expected, kind="stable")
@@ -69,7 +71,9 @@ def chi_square(counts, probs, min_expected: float = MIN_EXPECTED) -> tuple[float
 
 def _survival(x: float, df: int) -> float:
     """P(chi-square with df degrees of freedom > x)."""
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64))
+    )
 
 
 def threshold(df: int, false_failure: float = FALSE_FAILURE) -> float:

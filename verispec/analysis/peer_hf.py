@@ -33,14 +33,27 @@ from ..models.hf import load_model
 def _hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list[int]:
     ids = torch.tensor([prompt])
     out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-        pad_token_id=0, eos_token_id=None, **kwargs,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        pad_token_id=0,
+        eos_token_id=None,
+        **kwargs,
     )
     return out[0, len(prompt) :].tolist()
 
 
-def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_new_tokens: int, prompt_lookup: bool,
-             dtype: torch.dtype, load: Callable) -> tuple[dict[str, Callable[[list[int]], list[int]]], torch.nn.Module]:
+def _systems(
+    target_dir: str | Path,
+    draft_dir: str | Path | None,
+    k: int,
+    max_new_tokens: int,
+    prompt_lookup: bool,
+    dtype: torch.dtype,
+    load: Callable,
+) -> tuple[dict[str, Callable[[list[int]], list[int]]], torch.nn.Module]:
     import transformers
 
     target = load(target_dir)
@@ -56,23 +69,35 @@ def _systems(target_dir: str | Path, draft_dir: str | Path | None, k: int, max_n
         hf_draft.generation_config.num_assistant_tokens = k
         hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
         systems[f"verispec k={k}"] = lambda p: generate_all(target, [p], params, ModelDrafter(draft), k=k)[0]
-        systems[f"transformers assisted k={k}"] = lambda p: _hf_generate(hf_target, p, max_new_tokens, assistant_model=hf_draft)
+        systems[f"transformers assisted k={k}"] = lambda p: _hf_generate(
+            hf_target, p, max_new_tokens, assistant_model=hf_draft
+        )
     if prompt_lookup:
-        systems[f"verispec prompt lookup k={k}"] = lambda p: generate_all(target, [p], params, PromptLookupDrafter(), k=k)[0]
-        systems[f"transformers prompt lookup k={k}"] = lambda p: _hf_generate(hf_target, p, max_new_tokens, prompt_lookup_num_tokens=k)
+        systems[f"verispec prompt lookup k={k}"] = lambda p: generate_all(
+            target, [p], params, PromptLookupDrafter(), k=k
+        )[0]
+        systems[f"transformers prompt lookup k={k}"] = lambda p: _hf_generate(
+            hf_target, p, max_new_tokens, prompt_lookup_num_tokens=k
+        )
     return systems, hf_target
 
 
 @torch.no_grad()
-def explain_difference(hf_target: torch.nn.Module, prompt: list[int], reference: list[int], other: list[int]) -> dict | None:
+def explain_difference(
+    hf_target: torch.nn.Module, prompt: list[int], reference: list[int], other: list[int]
+) -> dict | None:
     """Where two greedy outputs first differ and the target's top-2 logit gap there (None if equal)."""
     position = next((j for j, (a, b) in enumerate(zip(reference, other)) if a != b), None)
     if position is None:
         return None
     logits = hf_target(torch.tensor([list(prompt) + reference[:position]])).logits[0, -1].float()
     top = logits.topk(2)
-    return {"position": position, "tokens": [reference[position], other[position]],
-            "top2_gap": float(top.values[0] - top.values[1]), "second_choice": int(top.indices[1]) == other[position]}
+    return {
+        "position": position,
+        "tokens": [reference[position], other[position]],
+        "top2_gap": float(top.values[0] - top.values[1]),
+        "second_choice": int(top.indices[1]) == other[position],
+    }
 
 
 @torch.no_grad()
@@ -105,12 +130,32 @@ def run_peer_bench(
     reference = outputs["transformers plain"]
     rows = []
     for name in systems:
-        first = next(((i, d) for i, (a, b) in enumerate(zip(reference, outputs[name])) if (d := explain_difference(hf_target, prompts[i], a, b))), None)
-        rows.append({"system": name, "tokens_per_s": statistics.median(speeds[name]), "identical_to_transformers_plain": first is None,
-                     "first_difference": None if first is None else {"prompt": first[0], **first[1]}})
+        first = next(
+            (
+                (i, d)
+                for i, (a, b) in enumerate(zip(reference, outputs[name]))
+                if (d := explain_difference(hf_target, prompts[i], a, b))
+            ),
+            None,
+        )
+        rows.append(
+            {
+                "system": name,
+                "tokens_per_s": statistics.median(speeds[name]),
+                "identical_to_transformers_plain": first is None,
+                "first_difference": None if first is None else {"prompt": first[0], **first[1]},
+            }
+        )
     by_name = {row["system"]: row["tokens_per_s"] for row in rows}
     for row in rows:
         row["vs_transformers_plain"] = row["tokens_per_s"] / by_name["transformers plain"]
         assisted = by_name.get(f"transformers assisted k={k}")
         row["vs_transformers_assisted"] = row["tokens_per_s"] / assisted if assisted else None
-    return {"k": k, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(prompts), "dtype": str(dtype).removeprefix("torch."), "runs": rows}
+    return {
+        "k": k,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "prompts": len(prompts),
+        "dtype": str(dtype).removeprefix("torch."),
+        "runs": rows,
+    }

@@ -32,13 +32,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..config import SamplingParams
-from ..policy import AdaptiveLength
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
 from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
-from .profile import profile_costs
+from ..policy import AdaptiveLength
 from ..stats import SpecStats
+from .profile import profile_costs
 
 SPECULATIVE_PROGRAM = "llama-speculative-simple"
 PLAIN = "llama.cpp plain (llama-cpp-python)"
@@ -49,8 +49,15 @@ def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                 draft_model=draft, verbose=False)
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        draft_model=draft,
+        verbose=False,
+    )
 
 
 def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
@@ -58,7 +65,9 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
     llm.reset()
     llm.set_seed(seed)
     tokens, first = [], None
-    sampling = dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0) if temperature > 0 else dict(temp=0.0)
+    sampling = (
+        dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0) if temperature > 0 else dict(temp=0.0)
+    )
     for token in llm.generate(prompt, reset=True, **sampling):
         tokens.append(int(token))
         if first is None:
@@ -68,13 +77,52 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
     return {"tokens": tokens, "decoded": len(tokens) - 1, "seconds": time.perf_counter() - first}
 
 
-def _run_speculative_program(program: Path, target: Path, draft: Path, text: str, max_new_tokens: int, k: int,
-                             temperature: float, seed: int, threads: int, n_ctx: int, p_min: float = 0.0) -> dict:
+def _run_speculative_program(
+    program: Path,
+    target: Path,
+    draft: Path,
+    text: str,
+    max_new_tokens: int,
+    k: int,
+    temperature: float,
+    seed: int,
+    threads: int,
+    n_ctx: int,
+    p_min: float = 0.0,
+) -> dict:
     """llama.cpp's own speculative decoding of one prompt: its text, decode speed and acceptance."""
-    sampling = ["--temp", "0"] if temperature == 0 else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
-    command = [str(program), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-               "-p", text, "-n", str(max_new_tokens), "-t", str(threads), "-td", str(threads), "-c", str(n_ctx), "-s", str(seed),
-               "-fa", "off", *sampling, *(["--spec-draft-p-min", str(p_min)] if p_min else [])]
+    sampling = (
+        ["--temp", "0"]
+        if temperature == 0
+        else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    )
+    command = [
+        str(program),
+        "-m",
+        str(target),
+        "-md",
+        str(draft),
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        str(k),
+        "-p",
+        text,
+        "-n",
+        str(max_new_tokens),
+        "-t",
+        str(threads),
+        "-td",
+        str(threads),
+        "-c",
+        str(n_ctx),
+        "-s",
+        str(seed),
+        "-fa",
+        "off",
+        *sampling,
+        *(["--spec-draft-p-min", str(p_min)] if p_min else []),
+    ]
     for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
         log = done.stderr
@@ -86,8 +134,13 @@ def _run_speculative_program(program: Path, target: Path, draft: Path, text: str
         raise RuntimeError(f"{program.name} failed (exit {done.returncode}): {tail}")
     drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
     printed = done.stdout.removeprefix("\n\n").removesuffix("\n\n")  # it prints the prompt, then the continuation
-    return {"text": printed.removeprefix(text), "decoded": int(speed.group(1)), "seconds": float(speed.group(2)),
-            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
+    return {
+        "text": printed.removeprefix(text),
+        "decoded": int(speed.group(1)),
+        "seconds": float(speed.group(2)),
+        "drafted": int(drafted.group(1)) if drafted else 0,
+        "accepted": int(accepted.group(1)) if accepted else 0,
+    }
 
 
 def run_llamacpp_peer_bench(
@@ -113,7 +166,10 @@ def run_llamacpp_peer_bench(
     stop drafting under the same rule), so that each side's best is taken over both."""
     numeric = [k for k in ks if k != "auto"]
     if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
-        raise ValueError(f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, {max_new_tokens}, {list(ks)}")
+        raise ValueError(
+            f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, "
+            f"{max_new_tokens}, {list(ks)}"
+        )
     target_path = Path(target_path)
     target = LlamaCppModel(target_path, threads)
     draft = LlamaCppModel(draft_path, threads) if draft_path is not None else None
@@ -126,7 +182,9 @@ def run_llamacpp_peer_bench(
     params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
     profile = None
     if "auto" in ks:
-        profile = profile_costs(target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2))
+        profile = profile_costs(
+            target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2)
+        )
 
     def verispec(k: int | str, threshold: float = 0.0) -> Callable[[int], dict]:
         def run(i: int) -> dict:
@@ -136,13 +194,22 @@ def run_llamacpp_peer_bench(
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
             stats = SpecStats()
             tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
-            return {"tokens": tokens, "decoded": len(tokens), "seconds": stats.total_time_s - stats.prefill_time_s, "stats": stats,
-                    "inside": sum(m.forward_compute_s for m in models) - inside_before, "target": target.forward_compute_s - target_before}
+            return {
+                "tokens": tokens,
+                "decoded": len(tokens),
+                "seconds": stats.total_time_s - stats.prefill_time_s,
+                "stats": stats,
+                "inside": sum(m.forward_compute_s for m in models) - inside_before,
+                "target": target.forward_compute_s - target_before,
+            }
+
         return run
 
     plain = _llama_cpp_python(target_path, n_ctx, threads)
-    systems: dict[str, Callable[[int], dict]] = {PLAIN: lambda i: _run_llama_cpp_python(plain, prompts[i], max_new_tokens, temperature, seed),
-                                                 "verispec plain": verispec(0)}
+    systems: dict[str, Callable[[int], dict]] = {
+        PLAIN: lambda i: _run_llama_cpp_python(plain, prompts[i], max_new_tokens, temperature, seed),
+        "verispec plain": verispec(0),
+    }
     # with a confidence threshold, every draft length runs both without it and with it, on both sides
     thresholds = [0.0] + ([confidence_threshold] if confidence_threshold > 0 and draft is not None else [])
     name = "verispec k={}" if draft is not None else "verispec prompt lookup k={}"
@@ -152,17 +219,34 @@ def run_llamacpp_peer_bench(
     if draft is None:
         for k in numeric:
             lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)
-            systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = (
-                lambda i, lookup=lookup: _run_llama_cpp_python(lookup, prompts[i], max_new_tokens, temperature, seed))
+            systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = lambda i, lookup=lookup: (
+                _run_llama_cpp_python(lookup, prompts[i], max_new_tokens, temperature, seed)
+            )
     elif speculative_bin is not None:
         program = Path(speculative_bin) / SPECULATIVE_PROGRAM
         if not program.is_file():
-            raise ValueError(f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there (benchmarks/build_llama_speculative.sh builds it)")
+            raise ValueError(
+                f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there "
+                "(benchmarks/build_llama_speculative.sh builds it)"
+            )
         for threshold in thresholds:
             for k in numeric:
-                systems[f"llama.cpp speculative k={k}{f', p-min {threshold:g}' if threshold else ''} ({SPECULATIVE_PROGRAM})"] = (
-                    lambda i, k=k, threshold=threshold: _run_speculative_program(program, target_path, Path(draft_path), texts[i], max_new_tokens,
-                                                                                 k, temperature, seed, threads, n_ctx + 64, threshold))
+                systems[
+                    f"llama.cpp speculative k={k}{f', p-min {threshold:g}' if threshold else ''} "
+                    f"({SPECULATIVE_PROGRAM})"
+                ] = lambda i, k=k, threshold=threshold: _run_speculative_program(
+                    program,
+                    target_path,
+                    Path(draft_path),
+                    texts[i],
+                    max_new_tokens,
+                    k,
+                    temperature,
+                    seed,
+                    threads,
+                    n_ctx + 64,
+                    threshold,
+                )
     rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
     for _ in range(repeats):  # every system on one prompt, then the next: drift over a round lands on all of them alike
         results: dict[str, list[dict]] = {name: [] for name in systems}
@@ -173,13 +257,29 @@ def run_llamacpp_peer_bench(
             rounds[system].append(results[system])
         if progress:
             progress()
-    return _report(rounds, tokenizer, dict(
-        ks=list(ks), compiled_step=step, confidence_threshold=confidence_threshold, max_new_tokens=max_new_tokens, repeats=repeats, prompts=len(prompts), temperature=temperature, threads=threads,
-        target=str(target_path), draft=None if draft_path is None else str(draft_path), target_description=target.config.description,
-        draft_description=None if draft is None else draft.config.description, profile=None if profile is None else profile.to_dict(),
-        note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; own_ms_per_pass = verispec's time per "
-             "target pass outside llama.cpp's passes (sampling, the rule, bookkeeping, logits copies); own_share_of_target_pass = that "
-             "over the target pass's own time"))
+    return _report(
+        rounds,
+        tokenizer,
+        dict(
+            ks=list(ks),
+            compiled_step=step,
+            confidence_threshold=confidence_threshold,
+            max_new_tokens=max_new_tokens,
+            repeats=repeats,
+            prompts=len(prompts),
+            temperature=temperature,
+            threads=threads,
+            target=str(target_path),
+            draft=None if draft_path is None else str(draft_path),
+            target_description=target.config.description,
+            draft_description=None if draft is None else draft.config.description,
+            profile=None if profile is None else profile.to_dict(),
+            note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; "
+            "own_ms_per_pass = verispec's time per target pass outside llama.cpp's passes "
+            "(sampling, the rule, bookkeeping, logits copies); "
+            "own_share_of_target_pass = that over the target pass's own time",
+        ),
+    )
 
 
 def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, header: dict) -> dict:
@@ -188,16 +288,27 @@ def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, heade
     own_plain = [r["tokens"] for r in rounds["verispec plain"][-1]] if "verispec plain" in rounds else None
     rows = []
     for system, runs in rounds.items():
-        row = {"system": system, "tokens_per_s": statistics.median(sum(r["decoded"] for r in rs) / sum(r["seconds"] for r in rs) for rs in runs)}
+        row = {
+            "system": system,
+            "tokens_per_s": statistics.median(
+                sum(r["decoded"] for r in rs) / sum(r["seconds"] for r in rs) for rs in runs
+            ),
+        }
         last = runs[-1]
         if "stats" in last[0]:
             stats = SpecStats()
             for result in (r for rs in runs for r in rs):
                 stats.add(result["stats"].requests[0])
-            decode_s, inside_s, target_s = (sum(r[key] for rs in runs for r in rs) for key in ("seconds", "inside", "target"))
-            row.update(alpha_hat=stats.alpha_hat if stats.proposed else None, beta=stats.beta if stats.proposed else None,
-                       mean_tokens_per_pass=stats.mean_tokens_per_pass, own_ms_per_pass=1e3 * (decode_s - inside_s) / stats.target_passes,
-                       own_share_of_target_pass=(decode_s - inside_s) / target_s)
+            decode_s, inside_s, target_s = (
+                sum(r[key] for rs in runs for r in rs) for key in ("seconds", "inside", "target")
+            )
+            row.update(
+                alpha_hat=stats.alpha_hat if stats.proposed else None,
+                beta=stats.beta if stats.proposed else None,
+                mean_tokens_per_pass=stats.mean_tokens_per_pass,
+                own_ms_per_pass=1e3 * (decode_s - inside_s) / stats.target_passes,
+                own_share_of_target_pass=(decode_s - inside_s) / target_s,
+            )
         elif "drafted" in last[0]:
             drafted = sum(r["drafted"] for r in last)
             row["alpha_hat"] = sum(r["accepted"] for r in last) / drafted if drafted else None
@@ -207,7 +318,9 @@ def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, heade
             else:  # text, over what both produced (the program may decode a few tokens more)
                 same = [a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text)]
             row["identical_to_llamacpp_plain"], row["identical_prompts"] = all(same), sum(same)
-            if own_plain is not None and system.startswith("verispec") and "tokens" in last[0]:  # exactness: speculative = plain
+            if (
+                own_plain is not None and system.startswith("verispec") and "tokens" in last[0]
+            ):  # exactness: speculative = plain
                 row["identical_to_verispec_plain"] = all(r["tokens"] == tokens for r, tokens in zip(last, own_plain))
         rows.append(row)
     base = rows[0]["tokens_per_s"]

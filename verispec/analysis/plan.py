@@ -31,8 +31,8 @@ import torch
 from ..config import SamplingParams
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
-from .profile import profile_costs
 from ..sampling import process_logits
+from .profile import profile_costs
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:
@@ -52,14 +52,21 @@ def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int, k: in
 
 @torch.no_grad()
 def teacher_forced_blocks(
-    target: torch.nn.Module, draft, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams, k_max: int
+    target: torch.nn.Module,
+    draft,
+    sequences: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    params: SamplingParams,
+    k_max: int,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sequence, for the positions that predict sequence[starts[b]:]: beta [T, k_max] float64
     (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
     proposes [T] bool. `draft` is a causal LM, a ModelDrafter or a PromptLookupDrafter."""
     model = draft_model_of(draft)
     if model is None and not isinstance(draft, PromptLookupDrafter):
-        raise ValueError(f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter or a PromptLookupDrafter")
+        raise ValueError(
+            f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter or a PromptLookupDrafter"
+        )
     blocks = []
     for sequence, start in zip(sequences, starts):
         ids = torch.tensor([list(sequence)], device=target.device)
@@ -97,14 +104,19 @@ def replay_cost(beta: torch.Tensor, proposes: torch.Tensor, k: int, c: float, r:
     return cost[0]
 
 
-def position_alphas(betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None) -> list[float]:
+def position_alphas(
+    betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None
+) -> list[float]:
     """alpha_1..alpha_k_max from per-position beta: ratios of mean block-acceptance products,
     over every block start t, or over those where block_starts[b][t] is True."""
     products = []  # products[i] = mean over t of prod_{j<=i} beta_{t+j}
     for i in range(k_max):
         values = [
-            torch.stack([b[j : len(b) - i + j] for j in range(i + 1)]).prod(dim=0)[block_starts[n][: len(b) - i] if block_starts else slice(None)]
-            for n, b in enumerate(betas) if len(b) > i
+            torch.stack([b[j : len(b) - i + j] for j in range(i + 1)]).prod(dim=0)[
+                block_starts[n][: len(b) - i] if block_starts else slice(None)
+            ]
+            for n, b in enumerate(betas)
+            if len(b) > i
         ]
         values = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
         products.append(float(values.mean()) if len(values) else float("nan"))
@@ -118,10 +130,18 @@ def position_alphas(betas: Sequence[torch.Tensor], k_max: int, block_starts: Seq
     return alphas
 
 
-def position_counts(betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None) -> list[int]:
+def position_counts(
+    betas: Sequence[torch.Tensor], k_max: int, block_starts: Sequence[torch.Tensor] | None = None
+) -> list[int]:
     """How many block starts reach depth 1..k_max (the samples behind each alpha_i)."""
-    return [sum(int(block_starts[n][: len(b) - i].sum()) if block_starts else len(b) - i for n, b in enumerate(betas) if len(b) > i)
-            for i in range(k_max)]
+    return [
+        sum(
+            int(block_starts[n][: len(b) - i].sum()) if block_starts else len(b) - i
+            for n, b in enumerate(betas)
+            if len(b) > i
+        )
+        for i in range(k_max)
+    ]
 
 
 def plan(
@@ -149,13 +169,23 @@ def plan(
         profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         c = profile.c or 0.0  # None: no draft model (prompt lookup)
         tokens = sum(len(flags) for flags in proposes)
-        predicted = [tokens / sum(replay_cost(beta, flags, k, c, profile.r) for beta, flags in blocks) for k in range(k_max + 1)]
+        predicted = [
+            tokens / sum(replay_cost(beta, flags, k, c, profile.r) for beta, flags in blocks) for k in range(k_max + 1)
+        ]
         share = float(torch.cat(proposes).double().mean())
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
-        report["candidates"].append({
-            "draft": name, "alpha_by_position": alphas, "alpha_samples": position_counts(betas, k_max, proposes),
-            "beta": float(torch.cat(betas).mean()), "c": c,
-            "r": list(profile.r), "proposal_share": share, "predicted_speedup": predicted, "recommended_k": best,
-            "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
-        })
+        report["candidates"].append(
+            {
+                "draft": name,
+                "alpha_by_position": alphas,
+                "alpha_samples": position_counts(betas, k_max, proposes),
+                "beta": float(torch.cat(betas).mean()),
+                "c": c,
+                "r": list(profile.r),
+                "proposal_share": share,
+                "predicted_speedup": predicted,
+                "recommended_k": best,
+                "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
+            }
+        )
     return report

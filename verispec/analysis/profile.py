@@ -26,7 +26,7 @@ from ..config import SamplingParams
 from ..rejection import verify
 from ..sampling import process_logits, sample
 
-_CACHE: dict[tuple, "CostProfile"] = {}
+_CACHE: dict[tuple, CostProfile] = {}
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,14 @@ class CostProfile:
         return None if self.draft_s is None else self.draft_s / self.target_s[0]
 
     def to_dict(self) -> dict:
-        return {"target_s": list(self.target_s), "draft_s": self.draft_s, "r": list(self.r), "c": self.c,
-                "batch_size": self.batch_size, "context_length": self.context_length}
+        return {
+            "target_s": list(self.target_s),
+            "draft_s": self.draft_s,
+            "r": list(self.r),
+            "c": self.c,
+            "batch_size": self.batch_size,
+            "context_length": self.context_length,
+        }
 
 
 def context_bucket(length: int) -> int:
@@ -85,7 +91,9 @@ def profile_costs(
     target_cache = _prefilled(target, batch_size, context, k_max + 1, generator)  # one cache: every step rolls back
     steps = {n: _target_step(target, target_cache, n, params, generator) for n in range(1, k_max + 2)}
     if draft_model is not None:
-        steps["draft"] = _draft_step(draft_model, _prefilled(draft_model, batch_size, context, 1, generator), params, generator)
+        steps["draft"] = _draft_step(
+            draft_model, _prefilled(draft_model, batch_size, context, 1, generator), params, generator
+        )
     times: dict[object, list[float]] = {name: [] for name in steps}
     for round_ in range(warmup + repeats):
         for name, step in steps.items():
@@ -144,7 +152,9 @@ class _Scripted:
     def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1, cap: int | None = None) -> None:
+    def observe(
+        self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1, cap: int | None = None
+    ) -> None:
         self.times.append((batch, k, draft_s, target_s))
 
 
@@ -154,7 +164,9 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 
 @torch.no_grad()
-def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 64) -> float:
+def calibrate(
+    batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 64
+) -> float:
     """Time passes of `batch` (an empty engine.Batch) and seed `policy` with their medians
     (`AdaptiveLength.seed_costs`); returns the seconds taken.
 
@@ -180,7 +192,9 @@ def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: 
         for _ in range(repeats):
             for size in sizes:
                 ids = [("calibration", row) for row in range(size)]
-                prompts = [[(7919 * (i + 1) + 104729 * row) % vocab for i in range(prompt_length)] for row in range(size)]
+                prompts = [
+                    [(7919 * (i + 1) + 104729 * row) % vocab for i in range(prompt_length)] for row in range(size)
+                ]
                 batch.join(prompts, [params] * size, ids)
                 for step, k in enumerate(script):
                     if not len(batch):
@@ -200,6 +214,7 @@ def calibrate(batch, policy, sizes: Sequence[int], max_model_len: int, repeats: 
         target.setdefault(rows * (k + 1), []).append(target_s)
         if k > 0 and draft_s is not None:
             draft.setdefault((rows, k), []).append(draft_s)
-    policy.seed_costs({n: statistics.median(t) for n, t in target.items()},
-                      {key: statistics.median(t) for key, t in draft.items()})
+    policy.seed_costs(
+        {n: statistics.median(t) for n, t in target.items()}, {key: statistics.median(t) for key, t in draft.items()}
+    )
     return time.perf_counter() - started

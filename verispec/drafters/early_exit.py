@@ -103,7 +103,9 @@ class EarlyExitDrafter(ModelDrafter):
         self.pending_count = [1] * len(rows)
 
     def reserve_row(self):
-        return super().reserve_row() if self.target_cache is None else None  # shared: the target's reserved row holds the layers
+        return (
+            super().reserve_row() if self.target_cache is None else None
+        )  # shared: the target's reserved row holds the layers
 
     def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
         if self.target_cache is None:
@@ -116,7 +118,9 @@ class EarlyExitDrafter(ModelDrafter):
 
     @property
     def joined_unread(self) -> int:
-        return super().joined_unread if self.target_cache is None else 0  # shared: the target's prefill wrote the layers
+        return (
+            super().joined_unread if self.target_cache is None else 0
+        )  # shared: the target's prefill wrote the layers
 
     def read_joined(self) -> None:
         if self.target_cache is None:

@@ -55,10 +55,14 @@ class ModelDrafter:
         self.cache = self.model.new_cache(len(prompts), max_length)
         self._prompts = prompts
         longest = max(len(p) for p in prompts)
-        self.pending = torch.tensor([list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device)  # [B, P]
+        self.pending = torch.tensor(
+            [list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device
+        )  # [B, P]
         self.pending_count = [len(p) for p in prompts]
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
-        self._unread: list[list[int] | None] = [None] * len(prompts)  # per row: a joined prompt's body the cache has not read (add_rows)
+        self._unread: list[list[int] | None] = [None] * len(
+            prompts
+        )  # per row: a joined prompt's body the cache has not read (add_rows)
 
     def own_model(self) -> OwnModel | None:
         """The draft model, its cache and pending tokens, for a target that runs whole iterations
@@ -120,7 +124,9 @@ class ModelDrafter:
         for all of them; the engine calls it before a drafting pass, timed as prefill)."""
         rows = [row for row, body in enumerate(self._unread) if body is not None]
         if rows:
-            prefill_rows(self.model, self.cache, rows, [self._unread[row] for row in rows])  # empties each row, then writes
+            prefill_rows(
+                self.model, self.cache, rows, [self._unread[row] for row in rows]
+            )  # empties each row, then writes
             for row in rows:
                 self._unread[row] = None
 
@@ -143,9 +149,17 @@ class ModelDrafter:
         self.read_joined()
         self._start_lengths = self.cache.host_lengths
         width = max(self.pending_count)
-        if sampling.greedy and hasattr(self.model, "greedy_continuation"):  # the same tokens as the loop below, in one call
-            draft_token_ids = self.model.greedy_continuation(self.pending[:, :width], self.pending_count, k, self.cache,
-                                                             self.confidence_threshold, self._live.numpy())  # [B, k]
+        if sampling.greedy and hasattr(
+            self.model, "greedy_continuation"
+        ):  # the same tokens as the loop below, in one call
+            draft_token_ids = self.model.greedy_continuation(
+                self.pending[:, :width],
+                self.pending_count,
+                k,
+                self.cache,
+                self.confidence_threshold,
+                self._live.numpy(),
+            )  # [B, k]
             self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
             return draft_token_ids, None
         logits = self._last_logits(self.pending[:, :width])  # [B, 1, V]
@@ -153,8 +167,11 @@ class ModelDrafter:
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
         token_ids, probs = [], []
         keep_probs = bool(sampling.rows("rejection"))  # greedy and invariant rows: q one-hot at the proposal
-        # Proposal i of row b is at absolute position committed[b] + i, where the target's noise for it is (invariant mode).
-        committed = torch.tensor([n + c for n, c in zip(self._start_lengths, self.pending_count)], device=self.pending.device)  # [B]
+        # Proposal i of row b is at absolute position committed[b] + i, where the target's noise for it is
+        # (invariant mode).
+        committed = torch.tensor(
+            [n + c for n, c in zip(self._start_lengths, self.pending_count)], device=self.pending.device
+        )  # [B]
         for i in range(k):
             if i > 0:
                 logits = self.model(token_ids[-1][:, None], self.cache)
@@ -167,7 +184,9 @@ class ModelDrafter:
                 if keep_probs:
                     probs.append(q[:, 0])
                 top = q[:, 0].amax(dim=-1) if self.confidence_threshold else None
-            if top is not None and bool((top[self._live] < self.confidence_threshold).all()):  # rows that are done do not count
+            if top is not None and bool(
+                (top[self._live] < self.confidence_threshold).all()
+            ):  # rows that are done do not count
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
@@ -193,16 +212,22 @@ class ModelDrafter:
         self._live = torch.tensor(active, dtype=torch.bool, device=self._live.device)
         if k == 0:  # nothing was fed: append the committed token to each row's pending tokens
             columns = torch.tensor(self.pending_count, device=self.pending.device)[:, None]
-            self.pending = torch.cat([self.pending, self.pending.new_zeros(batch, 1)], dim=1).scatter(1, columns, next_token_ids[:, None])
+            self.pending = torch.cat([self.pending, self.pending.new_zeros(batch, 1)], dim=1).scatter(
+                1, columns, next_token_ids[:, None]
+            )
             self.pending_count = [c + 1 if live else c for c, live in zip(self.pending_count, active)]
             return
         # Fed: the pending tokens and x_1..x_{k-1}. Valid: the pending tokens and x_1..x_n.
         all_accepted = [live and n == k for n, live in zip(num_accepted, active)]
-        self.cache.rollback([
-            start + count + min(n, k - 1) if live else start
-            for start, count, n, live in zip(self._start_lengths, self.pending_count, num_accepted, active)
-        ])
+        self.cache.rollback(
+            [
+                start + count + min(n, k - 1) if live else start
+                for start, count, n, live in zip(self._start_lengths, self.pending_count, num_accepted, active)
+            ]
+        )
         # Pending now: the recovered token, or x_k (never fed) and the bonus token.
         two = torch.tensor(all_accepted, device=self.pending.device)
-        self.pending = torch.stack([torch.where(two, self._last_proposal, next_token_ids), next_token_ids], dim=1)  # [B, 2]
+        self.pending = torch.stack(
+            [torch.where(two, self._last_proposal, next_token_ids), next_token_ids], dim=1
+        )  # [B, 2]
         self.pending_count = [2 if both else 1 for both in all_accepted]

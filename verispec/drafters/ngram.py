@@ -83,7 +83,9 @@ class PromptLookupDrafter:
         for row, prompt in enumerate(prompts):
             new[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
         if width > self.tokens.shape[1]:
-            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], width - self.tokens.shape[1])], dim=1)
+            self.tokens = torch.cat(
+                [self.tokens, self.tokens.new_zeros(self.tokens.shape[0], width - self.tokens.shape[1])], dim=1
+            )
         self.tokens = torch.cat([self.tokens, new])
         self.host_lengths = self.host_lengths + [len(p) for p in prompts]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)

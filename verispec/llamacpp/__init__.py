@@ -17,7 +17,24 @@ from .step import CompiledStep, compiled_rule, step_status
 from .tokenizer import Encoding, GGUFTokenizer
 
 __all__ = [
-    "MAX_SEQUENCES", "LlamaCppCache", "Deviation", "pass_shape_deviation", "startup_deviation", "default_threads",
-    "exact_kernels", "set_exact_kernels", "system_info", "unavailable", "GGUFConfig", "LlamaCppModel", "QUANT_TYPES",
-    "quant_type", "quantize", "CompiledStep", "compiled_rule", "step_status", "Encoding", "GGUFTokenizer",
+    "MAX_SEQUENCES",
+    "LlamaCppCache",
+    "Deviation",
+    "pass_shape_deviation",
+    "startup_deviation",
+    "default_threads",
+    "exact_kernels",
+    "set_exact_kernels",
+    "system_info",
+    "unavailable",
+    "GGUFConfig",
+    "LlamaCppModel",
+    "QUANT_TYPES",
+    "quant_type",
+    "quantize",
+    "CompiledStep",
+    "compiled_rule",
+    "step_status",
+    "Encoding",
+    "GGUFTokenizer",
 ]

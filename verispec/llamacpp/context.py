@@ -30,7 +30,9 @@ from ..models.cache import CacheLengths
 from .lib import library, log_tail
 
 N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch
-_TOKENS_PER_ROW = 9  # a context takes B * 9 tokens per llama_decode (a verification of k = 8 for every row) when that is more
+_TOKENS_PER_ROW = (
+    9  # a context takes B * 9 tokens per llama_decode (a verification of k = 8 for every row) when that is more
+)
 _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many positions of compute (a one-row pass of
 #                       the built-in target costs about as much as 6 more positions in it)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
@@ -51,6 +53,7 @@ class ContextOwner(Protocol):
 
     def release_context(self, context: Context) -> None:
         """A cache is gone: its context may be kept for the next cache."""
+
 
 def _by_sequence(seqs: np.ndarray) -> np.ndarray | None:
     """The stable order that sorts a batch's tokens by sequence id, or None when they are sorted.
@@ -99,7 +102,9 @@ class Context:
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
-            raise RuntimeError(f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {log_tail()}")
+            raise RuntimeError(
+                f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {log_tail()}"
+            )
         self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr)
         self.n_batch = min(capacity, lib.llama_n_batch(self.ptr))  # llama.cpp caps it at n_ctx
         self.memory = lib.llama_get_memory(self.ptr)
@@ -112,11 +117,19 @@ class Context:
         self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
         self.invariant = model.shape_invariant  # no pass of one token; gaps always filled
-        self.pad_always = True  # a placeholder after every one-token pass, unless the file needs none (model.LlamaCppModel.new_cache)
+        self.pad_always = (
+            True  # a placeholder after every one-token pass, unless the file needs none (model.LlamaCppModel.new_cache)
+        )
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool,
-               read: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray | None, float]:
+    def decode(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seqs: np.ndarray,
+        outputs: np.ndarray | bool,
+        read: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> tuple[np.ndarray | None, float]:
         """Run tokens [N] at positions [N] of sequences [N], with logits where outputs [N] (or one
         bool for all): (read(logits [n, V]) of each llama_decode, concatenated, or None without
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
@@ -125,11 +138,17 @@ class Context:
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
-            tokens, positions, seqs = np.append(tokens, tokens[-1]), np.append(positions, pad), np.append(seqs, seqs[-1])
+            tokens, positions, seqs = (
+                np.append(tokens, tokens[-1]),
+                np.append(positions, pad),
+                np.append(seqs, seqs[-1]),
+            )
         filled = self._fill_gaps(seqs, positions, always=self.invariant)
         if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
             pads, pad_positions = filled
-            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(pads), bool)])
+            outputs = np.concatenate(
+                [np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, np.zeros(len(pads), bool)]
+            )
             tokens = np.concatenate([tokens, np.zeros(len(pads), tokens.dtype)])
             positions, seqs = np.concatenate([positions, pad_positions]), np.concatenate([seqs, pads])
         order = _by_sequence(seqs)
@@ -171,7 +190,9 @@ class Context:
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
         return found, inside
 
-    def _single_pad(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool) -> int | None:
+    def _single_pad(
+        self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool
+    ) -> int | None:
         """The position of a placeholder token that a shape-invariant pass adds, or None: a pass of
         one sequence with one token, or with logits at one position only, would run llama.cpp's
         one-column kernels (llamafile's sgemm takes 2 columns or more; the last layer and the
@@ -189,7 +210,9 @@ class Context:
             return None
         return position if position < self.n_ctx_seq else None
 
-    def _fill_gaps(self, seqs: np.ndarray, positions: np.ndarray, always: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    def _fill_gaps(
+        self, seqs: np.ndarray, positions: np.ndarray, always: bool = False
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """(sequences, positions) of placeholder tokens that give every sequence from the batch's
         lowest to its highest the same number of tokens, or None where they would not pay.
         With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
@@ -294,7 +317,13 @@ class LlamaCppCache(CacheLengths):
         seq = free[0]  # the lowest, as for a join: the batch's sequence ids stay consecutive (_by_sequence)
         library().llama_memory_seq_rm(self.context.memory, seq, 0, -1)
         view = LlamaCppCache.__new__(LlamaCppCache)
-        view.max_length, view._host_lengths, view.model, view.context, view.seqs = self.max_length, [0], self.model, self.context, [seq]
+        view.max_length, view._host_lengths, view.model, view.context, view.seqs = (
+            self.max_length,
+            [0],
+            self.model,
+            self.context,
+            [seq],
+        )
         view._view = True  # shares the context: never hands it back
         self._reserved.add(seq)
         return view
@@ -312,7 +341,9 @@ class LlamaCppCache(CacheLengths):
         """Rows join on free sequences of the context (empty: emptied when their rows left)."""
         free = sorted(set(range(self.context.n_seq)) - set(self.seqs) - getattr(self, "_reserved", set()))
         if count > len(free):
-            raise ValueError(f"the llama.cpp context holds {self.context.n_seq} sequences; {self.batch_size} + {count} asked for")
+            raise ValueError(
+                f"the llama.cpp context holds {self.context.n_seq} sequences; {self.batch_size} + {count} asked for"
+            )
         self._add_lengths(count)
         self.seqs = self.seqs + free[:count]
 
@@ -322,4 +353,3 @@ class LlamaCppCache(CacheLengths):
     def __del__(self) -> None:
         if not sys.is_finalizing() and not getattr(self, "_view", False):
             self.model.release_context(self.context)
-

@@ -87,8 +87,19 @@ def startup_deviation(model) -> Deviation:
 
     path = Path(model.path)
     stat = path.stat()
-    key = hashlib.sha256(json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, system_info(), exact_kernels(),
-                                     getattr(model, "shape_invariant", None), model.n_threads]).encode()).hexdigest()[:20]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                str(path.resolve()),
+                stat.st_size,
+                stat.st_mtime_ns,
+                system_info(),
+                exact_kernels(),
+                getattr(model, "shape_invariant", None),
+                model.n_threads,
+            ]
+        ).encode()
+    ).hexdigest()[:20]
     memo = cache_root().parent / "deviation" / f"{key}.json"
     try:
         return Deviation(**json.loads(memo.read_text()))
@@ -124,8 +135,13 @@ def default_settings_deviation(model, contexts: list[list[int]], timeout: float 
     with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
         json.dump(contexts, handle)
         handle.flush()
-        done = subprocess.run([sys.executable, "-c", _DEFAULTS_CHILD, str(model.path), str(model.n_threads), handle.name],
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", _DEFAULTS_CHILD, str(model.path), str(model.n_threads), handle.name],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     if done.returncode != 0:
         return None
     return float(done.stdout.strip().splitlines()[-1])

@@ -14,8 +14,16 @@ import os
 from pathlib import Path
 
 _CPU_FLAGS = {  # llama_print_system_info() names -> /proc/cpuinfo flags
-    "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
-    "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AVX": "avx",
+    "AVX2": "avx2",
+    "F16C": "f16c",
+    "FMA": "fma",
+    "BMI2": "bmi2",
+    "AVX_VNNI": "avx_vnni",
+    "AVX512": "avx512f",
+    "AVX512_VBMI": "avx512vbmi",
+    "AVX512_VNNI": "avx512_vnni",
+    "AVX512_BF16": "avx512_bf16",
     "AMX_INT8": "amx_int8",
 }
 _lib = None
@@ -130,8 +138,10 @@ def unavailable() -> str | None:
         built = [name for name, flag in _CPU_FLAGS.items() if f" {name} = 1 " in f" {info} ".replace("|", " ")]
         missing = [name for name in built if _CPU_FLAGS[name] not in flags]
         if missing:
-            return (f"this llama.cpp was built for {', '.join(missing)}, which this CPU lacks "
-                    "(rebuild it here: pip install --force-reinstall --no-cache-dir llama-cpp-python)")
+            return (
+                f"this llama.cpp was built for {', '.join(missing)}, which this CPU lacks "
+                "(rebuild it here: pip install --force-reinstall --no-cache-dir llama-cpp-python)"
+            )
     return None
 
 

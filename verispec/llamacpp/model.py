@@ -26,7 +26,16 @@ from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
 
-_SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}  # matrices llamafile's sgemm takes from 2 columns on
+_SGEMM_TYPES = {
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q5_0",
+    "IQ4_NL",
+}  # matrices llamafile's sgemm takes from 2 columns on
+
 
 @dataclass(frozen=True)
 class GGUFConfig:
@@ -140,7 +149,11 @@ class LlamaCppModel:
             try:
                 from gguf import GGUFReader
 
-                types = {t.tensor_type.name for t in GGUFReader(str(self.path)).tensors if len(t.shape) > 1 and t.shape[1] > 1}
+                types = {
+                    t.tensor_type.name
+                    for t in GGUFReader(str(self.path)).tensors
+                    if len(t.shape) > 1 and t.shape[1] > 1
+                }
             except Exception:  # no gguf package, or a file it cannot read: the placeholder, always
                 types = {"F32"}
             self._agrees = not types & _SGEMM_TYPES
@@ -194,8 +207,15 @@ class LlamaCppModel:
         piece by piece)."""
         self._decode_rows(input_ids, cache, None)
 
-    def greedy_continuation(self, input_ids: torch.Tensor, counts: list[int], steps: int, cache: LlamaCppCache,
-                            confidence_threshold: float = 0.0, live: np.ndarray | None = None) -> torch.Tensor:
+    def greedy_continuation(
+        self,
+        input_ids: torch.Tensor,
+        counts: list[int],
+        steps: int,
+        cache: LlamaCppCache,
+        confidence_threshold: float = 0.0,
+        live: np.ndarray | None = None,
+    ) -> torch.Tensor:
         """The model's own greedy continuation: read row b's first counts[b] tokens of
         input_ids [B, W], then `steps` times take the argmax token and (but the last) read it.
         Returns those tokens [B, steps] long; row b's cache grows by counts[b] + steps - 1.
@@ -210,9 +230,13 @@ class LlamaCppModel:
         batch, lengths = len(counts), cache.host_lengths
         ends = np.asarray(lengths) + np.asarray(counts)  # [B] each row's next position
         if int(ends.max()) + steps - 1 > cache.max_length:
-            raise ValueError(f"KV cache overflow: {int(ends.max()) + steps - 1} positions needed, cache holds {cache.max_length}")
+            raise ValueError(
+                f"KV cache overflow: {int(ends.max()) + steps - 1} positions needed, cache holds {cache.max_length}"
+            )
         ids = input_ids.numpy()
-        tokens = ids[0, : counts[0]] if batch == 1 else np.concatenate([ids[b, :count] for b, count in enumerate(counts)])
+        tokens = (
+            ids[0, : counts[0]] if batch == 1 else np.concatenate([ids[b, :count] for b, count in enumerate(counts)])
+        )
         positions = np.concatenate([np.arange(n, end) for n, end in zip(lengths, ends)])
         seqs = np.repeat(np.asarray(cache.seqs), counts)
         outputs = np.zeros(len(tokens), dtype=bool)
@@ -236,7 +260,9 @@ class LlamaCppModel:
         cache.set_lengths((ends + steps - 1).tolist())
         return torch.from_numpy(drafted[:, :steps])
 
-    def compiled_step(self, cache: LlamaCppCache, drafter, sampling, prompts: list[list[int]], k_max: int) -> CompiledStep | None:
+    def compiled_step(
+        self, cache: LlamaCppCache, drafter, sampling, prompts: list[list[int]], k_max: int
+    ) -> CompiledStep | None:
         """The engine's whole iteration with a llama.cpp draft (or none: plain decoding) as one
         compiled call (`step.CompiledStep`), or None where it does not apply or cannot be built."""
         return CompiledStep.maybe(self, cache, drafter, sampling, prompts, k_max)
@@ -254,7 +280,6 @@ class LlamaCppModel:
             seqs = np.repeat(np.asarray(cache.seqs), lengths)
             cache.context.decode(tokens, positions, seqs, False)
         cache.set_lengths(lengths)
-
 
     def prefill_rows(self, prompts: list[list[int]], cache: LlamaCppCache, rows: list[int]) -> None:
         """Rows rows[i] (their sequences) hold prompts[i] afterwards; the other rows are
@@ -287,4 +312,3 @@ def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
     """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
     top = logits.max(axis=-1, keepdims=True)
     return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
-

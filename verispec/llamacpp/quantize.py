@@ -20,11 +20,25 @@ from .lib import clear_log, default_threads, library, log_tail
 
 # llama-quantize's names (case-insensitive here) -> llama.cpp's LLAMA_FTYPE_* suffix
 QUANT_TYPES = {
-    "F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16",
-    "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1",
-    "Q2_K": "MOSTLY_Q2_K", "Q3_K_S": "MOSTLY_Q3_K_S", "Q3_K_M": "MOSTLY_Q3_K_M", "Q3_K_L": "MOSTLY_Q3_K_L",
-    "Q4_K_S": "MOSTLY_Q4_K_S", "Q4_K_M": "MOSTLY_Q4_K_M", "Q5_K_S": "MOSTLY_Q5_K_S", "Q5_K_M": "MOSTLY_Q5_K_M",
-    "Q6_K": "MOSTLY_Q6_K", "IQ4_NL": "MOSTLY_IQ4_NL", "IQ4_XS": "MOSTLY_IQ4_XS",
+    "F32": "ALL_F32",
+    "F16": "MOSTLY_F16",
+    "BF16": "MOSTLY_BF16",
+    "Q8_0": "MOSTLY_Q8_0",
+    "Q4_0": "MOSTLY_Q4_0",
+    "Q4_1": "MOSTLY_Q4_1",
+    "Q5_0": "MOSTLY_Q5_0",
+    "Q5_1": "MOSTLY_Q5_1",
+    "Q2_K": "MOSTLY_Q2_K",
+    "Q3_K_S": "MOSTLY_Q3_K_S",
+    "Q3_K_M": "MOSTLY_Q3_K_M",
+    "Q3_K_L": "MOSTLY_Q3_K_L",
+    "Q4_K_S": "MOSTLY_Q4_K_S",
+    "Q4_K_M": "MOSTLY_Q4_K_M",
+    "Q5_K_S": "MOSTLY_Q5_K_S",
+    "Q5_K_M": "MOSTLY_Q5_K_M",
+    "Q6_K": "MOSTLY_Q6_K",
+    "IQ4_NL": "MOSTLY_IQ4_NL",
+    "IQ4_XS": "MOSTLY_IQ4_XS",
 }
 
 
@@ -55,7 +69,9 @@ def quantize(source: str | Path, out: str | Path, type: str, threads: int | None
     try:
         status = lib.llama_model_quantize(str(source).encode(), str(temp).encode(), params)
         if status != 0:
-            raise CheckpointError(f"{source}: llama.cpp could not quantize it to {type}: {log_tail() or f'status {status}'}")
+            raise CheckpointError(
+                f"{source}: llama.cpp could not quantize it to {type}: {log_tail() or f'status {status}'}"
+            )
         os.replace(temp, out)
     finally:
         temp.unlink(missing_ok=True)

@@ -118,16 +118,36 @@ def _build() -> Path:
     if include is None or compiler is None:
         raise RuntimeError("no llama.h beside llama-cpp-python" if include is None else "no C compiler (cc)")
     flags = " ".join(sorted(cpu_flags() or ())).encode()  # built for this CPU (-march=native)
-    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), (include / "llama.h").read_bytes(), llama_cpp.__version__.encode(),
-                                     " ".join(_CFLAGS).encode(), flags])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                _SOURCE.read_bytes(),
+                (include / "llama.h").read_bytes(),
+                llama_cpp.__version__.encode(),
+                " ".join(_CFLAGS).encode(),
+                flags,
+            ]
+        )
+    ).hexdigest()[:16]
     target = cache_root() / f"llama_step-{key}" / "llama_step.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    for command in ([compiler, *_CFLAGS, "-fPIC", "-c", f"-I{include}", str(_SOURCE), "-o", f"{partial}.o"],  # fast math here,
-                    [compiler, "-shared", f"{partial}.o", f"-L{lib_dir}", "-lllama", f"-Wl,-rpath,{lib_dir}", "-lm",
-                     "-o", str(partial)]):  # not here
+    for command in (
+        [compiler, *_CFLAGS, "-fPIC", "-c", f"-I{include}", str(_SOURCE), "-o", f"{partial}.o"],  # fast math here,
+        [
+            compiler,
+            "-shared",
+            f"{partial}.o",
+            f"-L{lib_dir}",
+            "-lllama",
+            f"-Wl,-rpath,{lib_dir}",
+            "-lm",
+            "-o",
+            str(partial),
+        ],
+    ):  # not here
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"the compiler failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}")
@@ -164,8 +184,14 @@ def step_status() -> str:
     return _status
 
 
-def compiled_rule(logits: np.ndarray, proposals: np.ndarray, draft_probs: np.ndarray | None, temperature: float,
-                  rng: int = 0, uniforms: np.ndarray | None = None) -> tuple[list[int], int, list[float], int]:
+def compiled_rule(
+    logits: np.ndarray,
+    proposals: np.ndarray,
+    draft_probs: np.ndarray | None,
+    temperature: float,
+    rng: int = 0,
+    uniforms: np.ndarray | None = None,
+) -> tuple[list[int], int, list[float], int]:
     """llama_step.c's rule on one row: logits [k+1, V] float32 (the target's raw logits), proposals
     [k], draft_probs [k, V] float32 (q; None at temperature 0). Its random numbers are `uniforms`
     [k+1] float64 by role (u_i for the test of position i, u_k for the recovered or bonus draw: the
@@ -183,9 +209,19 @@ def compiled_rule(logits: np.ndarray, proposals: np.ndarray, draft_probs: np.nda
     given = None if uniforms is None else np.ascontiguousarray(uniforms, np.float64)
     scratch, state = np.zeros(2 * vocab, np.float32), np.array([rng], np.uint64)
     output, beta = np.full(k + 1, -1, np.int32), np.full(max(k, 1), np.nan)
-    n = loaded.verispec_rule(rows, proposals.ctypes.data, None if q is None else q.ctypes.data, k, vocab, temperature,
-                             scratch.ctypes.data, state.ctypes.data, None if given is None else given.ctypes.data,
-                             output.ctypes.data, beta.ctypes.data)
+    n = loaded.verispec_rule(
+        rows,
+        proposals.ctypes.data,
+        None if q is None else q.ctypes.data,
+        k,
+        vocab,
+        temperature,
+        scratch.ctypes.data,
+        state.ctypes.data,
+        None if given is None else given.ctypes.data,
+        output.ctypes.data,
+        beta.ctypes.data,
+    )
     return output[: n + 1].tolist(), n, beta[: min(n + 1, k)].tolist(), int(state[0])
 
 
@@ -211,8 +247,16 @@ class CompiledStep:
 
     can_change_rows = False
 
-    def __init__(self, loaded, target, cache: LlamaCppCache, draft: DraftModel | None, prompts: list[list[int]],
-                 sampling, k_max: int):
+    def __init__(
+        self,
+        loaded,
+        target,
+        cache: LlamaCppCache,
+        draft: DraftModel | None,
+        prompts: list[list[int]],
+        sampling,
+        k_max: int,
+    ):
         lib, batch = library(), len(prompts)
         self._function, self._lib = loaded.verispec_step, lib
         self.target, self.cache = target, cache
@@ -247,20 +291,35 @@ class CompiledStep:
         self._args = _StepArgs(
             draft=self.draft_cache.context.ptr if draft is not None else None,
             draft_batch=ctypes.addressof(self._batches[0]),
-            target=context.ptr, target_batch=ctypes.addressof(self._batches[1]), capacity=self.capacity, rows=batch,
-            active=self.active.ctypes.data, k=0, p_min=draft.confidence_threshold if draft is not None else 0.0,
-            temperature=params.temperature if sampled else 0.0, rng=self.rng.ctypes.data,
-            draft_probs=self.draft_probs.ctypes.data, scratch=self.scratch.ctypes.data, beta=self.beta.ctypes.data,
-            draft_pending=self.draft_pending.ctypes.data, width=width, draft_count=self.draft_count.ctypes.data,
-            draft_length=self.draft_length.ctypes.data, target_pending=self.target_pending.ctypes.data,
-            target_length=self.target_length.ctypes.data, proposals=self.proposals.ctypes.data,
-            output=self.output.ctypes.data, num_accepted=self.num_accepted.ctypes.data,
+            target=context.ptr,
+            target_batch=ctypes.addressof(self._batches[1]),
+            capacity=self.capacity,
+            rows=batch,
+            active=self.active.ctypes.data,
+            k=0,
+            p_min=draft.confidence_threshold if draft is not None else 0.0,
+            temperature=params.temperature if sampled else 0.0,
+            rng=self.rng.ctypes.data,
+            draft_probs=self.draft_probs.ctypes.data,
+            scratch=self.scratch.ctypes.data,
+            beta=self.beta.ctypes.data,
+            draft_pending=self.draft_pending.ctypes.data,
+            width=width,
+            draft_count=self.draft_count.ctypes.data,
+            draft_length=self.draft_length.ctypes.data,
+            target_pending=self.target_pending.ctypes.data,
+            target_length=self.target_length.ctypes.data,
+            proposals=self.proposals.ctypes.data,
+            output=self.output.ctypes.data,
+            num_accepted=self.num_accepted.ctypes.data,
             seconds=self.seconds.ctypes.data,
-            invariant=0 if not context.invariant else 2 if context.pad_always else 1)
+            invariant=0 if not context.invariant else 2 if context.pad_always else 1,
+        )
 
     @classmethod
-    def maybe(cls, target, cache, drafter: DraftSource | None, sampling, prompts: list[list[int]],
-              k_max: int) -> CompiledStep | None:
+    def maybe(
+        cls, target, cache, drafter: DraftSource | None, sampling, prompts: list[list[int]], k_max: int
+    ) -> CompiledStep | None:
         params = sampling.shared  # one setting for every row (seeds aside), or None
         if params is None or not isinstance(cache, LlamaCppCache):
             return None

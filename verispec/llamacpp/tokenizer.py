@@ -40,7 +40,9 @@ class GGUFTokenizer:
         capacity = 8 * len(ids) + 16
         while True:
             buffer = ctypes.create_string_buffer(capacity)
-            count = lib.llama_detokenize(self.model.vocab, tokens, len(ids), buffer, capacity, False, not skip_special_tokens)
+            count = lib.llama_detokenize(
+                self.model.vocab, tokens, len(ids), buffer, capacity, False, not skip_special_tokens
+            )
             if count >= 0:
                 return buffer.raw[:count].decode("utf-8", errors="replace")
             capacity = -count

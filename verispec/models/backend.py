@@ -59,8 +59,8 @@ def load(
         return load_model(path, dtype, device), None
     why_not = _llamacpp_unavailable(device)
     if why_not is None:
-        from .gguf_convert import cached_gguf
         from ..llamacpp import LlamaCppModel
+        from .gguf_convert import cached_gguf
 
         try:
             return LlamaCppModel(cached_gguf(path, gguf_type), n_threads), None

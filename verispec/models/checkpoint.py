@@ -80,7 +80,9 @@ def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 
-def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+def load_pretrained(
+    directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LlamaForCausalLM:
     """Load a Hugging Face Llama/Qwen2/Mistral directory into verispec's model."""
     directory = Path(directory)
     config, quantization = _read_configs(directory)
@@ -95,7 +97,9 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
         if quantization is not None:
             from .quantize import quantize_model
 
-            quantize_model(model, quantization["bits"], quantization["group_size"], head_bits=quantization.get("head_bits"))
+            quantize_model(
+                model, quantization["bits"], quantization["group_size"], head_bits=quantization.get("head_bits")
+            )
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     tied = config.tie_word_embeddings and "lm_head.weight" in shapes  # a quantized head has codes of its own
     if tied:
@@ -109,13 +113,26 @@ def load_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32, d
     for name, tensor in state.items():
         if name in expected and tuple(tensor.shape) != shapes[name]:
             raise CheckpointError(f"{directory}: {name} has shape {tuple(tensor.shape)}, config implies {shapes[name]}")
-    model.load_state_dict({n: t if not t.is_floating_point() or n.endswith(".scale") else t.to(dtype) for n, t in state.items() if n in expected}, assign=True, strict=False)
+    model.load_state_dict(
+        {
+            n: t if not t.is_floating_point() or n.endswith(".scale") else t.to(dtype)
+            for n, t in state.items()
+            if n in expected
+        },
+        assign=True,
+        strict=False,
+    )
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()
 
 
-def save_pretrained(model: LlamaForCausalLM, directory: str | Path, max_shard_bytes: int | None = None, tokenizer_from: str | Path | None = None) -> Path:
+def save_pretrained(
+    model: LlamaForCausalLM,
+    directory: str | Path,
+    max_shard_bytes: int | None = None,
+    tokenizer_from: str | Path | None = None,
+) -> Path:
     """Write config.json and safetensors (sharded above max_shard_bytes); copy tokenizer files."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

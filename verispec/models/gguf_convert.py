@@ -38,10 +38,33 @@ from .llama import LlamaConfig
 
 TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # written here, with the gguf package
 # every other type llama-quantize offers (lower case): written f32 here, then quantized by llama.cpp's own quantizer
-QUANTIZED_TYPES = tuple(name.lower() for name in ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",
-                                                   "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"))
+QUANTIZED_TYPES = tuple(
+    name.lower()
+    for name in (
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q2_K",
+        "Q3_K_S",
+        "Q3_K_M",
+        "Q3_K_L",
+        "Q4_K_S",
+        "Q4_K_M",
+        "Q5_K_S",
+        "Q5_K_M",
+        "Q6_K",
+        "IQ4_NL",
+        "IQ4_XS",
+    )
+)
 ALL_TYPES = TYPES + QUANTIZED_TYPES
-_FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}  # general.file_type
+_FILE_TYPES = {
+    "f32": "ALL_F32",
+    "f16": "MOSTLY_F16",
+    "bf16": "MOSTLY_BF16",
+    "q8_0": "MOSTLY_Q8_0",
+    "q4_0": "MOSTLY_Q4_0",
+}  # general.file_type
 _ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 _FORMAT_VERSION = 1  # part of the cache key: bump when the written file changes
 _BLOCK = 32  # the Q8_0 / Q4_0 block length; a row must be a whole number of blocks
@@ -58,17 +81,25 @@ _LAYER_NAMES = {
 }
 _INERT_MERGE = "<no-merge> <no-merge>"
 _SPLIT_PRE = {  # (Split regex of tokenizer.json, BPE ignore_merges) -> llama.cpp's name for that pre-tokenizer
-    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", True): "llama-bpe",
-    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False): "qwen2",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
+        r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        True,
+    ): "llama-bpe",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| "
+        r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        False,
+    ): "qwen2",
 }
 
 
 def convert(model_dir: str | Path, out_path: str | Path, type: str = "f32", *, _permute_qk: bool = True) -> Path:
     """Write model_dir (a Hugging Face Llama/Mistral/Qwen2 directory) as one GGUF file.
 
-    type: f32, f16 or bf16 (every matrix in that format; bf16 keeps bfloat16 checkpoints exact), q8_0 or q4_0 (every matrix whose rows are a
-    whole number of 32-value blocks; other matrices f16). With q4_0 the token embedding and
-    the output head are q8_0 (llama.cpp's own q4_0 uses q6_K there, which `gguf` cannot write).
+    type: f32, f16 or bf16 (every matrix in that format; bf16 keeps bfloat16 checkpoints exact), q8_0 or
+    q4_0 (every matrix whose rows are a whole number of 32-value blocks; other matrices f16). With q4_0 the
+    token embedding and the output head are q8_0 (llama.cpp's own q4_0 uses q6_K there, which `gguf` cannot write).
     Norms and biases stay f32. The file is written next to out_path and renamed into place, so
     a reader never sees half a file. `_permute_qk=False` is for tests (a wrong file on purpose).
     """
@@ -184,7 +215,10 @@ def _read_float_config(model_dir: Path) -> LlamaConfig:
         except json.JSONDecodeError as error:
             raise CheckpointError(f"{path}: {error}") from None
         if quantized:
-            raise CheckpointError(f"{model_dir}: a quantized directory (quantization_config); convert the float model and choose --type instead")
+            raise CheckpointError(
+                f"{model_dir}: a quantized directory (quantization_config); convert the float model and choose --type "
+                "instead"
+            )
     return read_config(model_dir)
 
 
@@ -238,7 +272,11 @@ def _gguf_tensors(state: dict[str, torch.Tensor], config: LlamaConfig, permute: 
 
 
 def _gguf_name(hf_name: str, directory: Path) -> str:
-    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    fixed = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf_name in fixed:
         return fixed[hf_name]
     match = re.fullmatch(r"model\.layers\.(\d+)\.(.+?)(\.weight|\.bias)?", hf_name)
@@ -261,7 +299,8 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 def _encode(name: str, array: np.ndarray, qtype) -> tuple[np.ndarray, object]:
     """The array in the file's type: norms and biases f32; q4_0's embedding and head q8_0;
     a matrix whose rows are not whole 32-value blocks f16."""
-    from gguf import GGMLQuantizationType as Q, quants
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
 
     if array.ndim < 2:
         qtype = Q.F32
@@ -279,18 +318,36 @@ def _tokenizer_fields(model_dir: Path, config: LlamaConfig) -> dict:
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None:  # placeholders only: no text maps to them, gguf_vocab gives ({}, set())
         tokens = [f"[PAD{i}]" for i in range(config.vocab_size)]
-        return {"tokens": tokens, "types": [TokenType.UNUSED] * len(tokens), "merges": [], "pre": "gpt-2", "add_bos": None, "add_eos": None}
+        return {
+            "tokens": tokens,
+            "types": [TokenType.UNUSED] * len(tokens),
+            "merges": [],
+            "pre": "gpt-2",
+            "add_bos": None,
+            "add_eos": None,
+        }
     path = model_dir / "tokenizer.json"
     spec = json.loads(path.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        raise CheckpointError(f"{path}: only byte-level BPE tokenizers can be written to GGUF (model {model.get('type')!r})")
+    if (
+        model.get("type") != "BPE"
+        or model.get("byte_fallback")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+    ):
+        raise CheckpointError(
+            f"{path}: only byte-level BPE tokenizers can be written to GGUF (model {model.get('type')!r})"
+        )
     if spec.get("normalizer") is not None:
-        raise CheckpointError(f"{path}: normalizer {spec['normalizer'].get('type')!r} has no llama.cpp equivalent for this converter")
+        raise CheckpointError(
+            f"{path}: normalizer {spec['normalizer'].get('type')!r} has no llama.cpp equivalent for this converter"
+        )
     pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), bool(model.get("ignore_merges")), path)
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     if max(vocab.values()) >= config.vocab_size:
-        raise CheckpointError(f"{path}: token id {max(vocab.values())} does not fit the model's vocab_size {config.vocab_size}")
+        raise CheckpointError(
+            f"{path}: token id {max(vocab.values())} does not fit the model's vocab_size {config.vocab_size}"
+        )
     added = tokenizer.get_added_tokens_decoder()
     by_id = {i: token for token, i in vocab.items()}
     tokens, types = [], []
@@ -300,7 +357,13 @@ def _tokenizer_fields(model_dir: Path, config: LlamaConfig) -> dict:
             types.append(TokenType.UNUSED)
         else:
             tokens.append(by_id[i])
-            types.append(TokenType.NORMAL if i not in added else TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
+            types.append(
+                TokenType.NORMAL
+                if i not in added
+                else TokenType.CONTROL
+                if added[i].special
+                else TokenType.USER_DEFINED
+            )
     if len(set(tokens)) != len(tokens):  # llama.cpp asserts that every token text is unique
         raise CheckpointError(f"{path}: a token's text equals a placeholder [PAD<id>] of the model's unused ids")
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
@@ -313,23 +376,37 @@ def _pre_tokenizer_name(pre: dict | None, ignore_merges: bool, path: Path) -> st
     """llama.cpp's name for the pre-tokenizer (and whether whole in-vocabulary words skip the
     merges, which llama.cpp ties to the name), or CheckpointError naming it."""
     kind = (pre or {}).get("type")
-    if kind == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space", False) and not ignore_merges:
+    if (
+        kind == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space", False)
+        and not ignore_merges
+    ):
         return "gpt-2"  # the ByteLevel regex is GPT-2's; llama.cpp spells the name "gpt-2" ("gpt2" fails to load)
     if kind == "Sequence" and len(pre.get("pretokenizers", [])) == 2:
         split, byte_level = pre["pretokenizers"]
         key = ((split.get("pattern") or {}).get("Regex"), ignore_merges)
-        if (split.get("type") == "Split" and key in _SPLIT_PRE and split.get("behavior") == "Isolated" and not split.get("invert")
-                and byte_level.get("type") == "ByteLevel" and not byte_level.get("use_regex", True) and not byte_level.get("add_prefix_space", False)):
+        if (
+            split.get("type") == "Split"
+            and key in _SPLIT_PRE
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and byte_level.get("type") == "ByteLevel"
+            and not byte_level.get("use_regex", True)
+            and not byte_level.get("add_prefix_space", False)
+        ):
             return _SPLIT_PRE[key]
     described = json.dumps(pre)[:160] if pre else "none"
-    raise CheckpointError(f"{path}: pre-tokenizer {described} (ignore_merges {ignore_merges}) has no known llama.cpp equivalent")
+    raise CheckpointError(
+        f"{path}: pre-tokenizer {described} (ignore_merges {ignore_merges}) has no known llama.cpp equivalent"
+    )
 
 
 def _added_ids(tokenizer, path: Path) -> dict:
     """What the tokenizer's post-processor adds around a text: nothing, a leading id (bos), a trailing id (eos)."""
     plain, full = tokenizer.encode("a", add_special_tokens=False).ids, tokenizer.encode("a").ids
     start = full.index(plain[0]) if plain and plain[0] in full else -1
-    if start < 0 or full[start:start + len(plain)] != plain or start > 1 or len(full) - start - len(plain) > 1:
+    if start < 0 or full[start : start + len(plain)] != plain or start > 1 or len(full) - start - len(plain) > 1:
         raise CheckpointError(f"{path}: post-processor adds {full} around {plain}, which llama.cpp cannot repeat")
     return {"add_bos": full[0] if start == 1 else None, "add_eos": full[-1] if len(full) > start + len(plain) else None}
 

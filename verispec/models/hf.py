@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import QUANT_METHOD, CheckpointError, config_path, load_pretrained
 from .cache import CacheLengths
+from .checkpoint import QUANT_METHOD, CheckpointError, config_path, load_pretrained
 from .llama import LlamaConfig
 
 HOLE = torch.iinfo(torch.long).max  # the position of a column that holds nothing for a row
@@ -114,7 +114,9 @@ class HFCache(CacheLengths):
         """Gather each row's valid columns to the right (holes, if any, on the left): P = max(lengths)."""
         width, columns = max(self._host_lengths), self.num_columns
         index = torch.arange(columns, device=self.positions.device).expand_as(self.positions)
-        order = torch.where(self.positions != HOLE, index + columns, index).argsort(dim=1, stable=True)[:, columns - width :]  # [B, width]
+        order = torch.where(self.positions != HOLE, index + columns, index).argsort(dim=1, stable=True)[
+            :, columns - width :
+        ]  # [B, width]
         for layer in self.hf.layers:
             if not layer.is_initialized:  # a layer that shares another's keys and values holds none
                 continue
@@ -146,7 +148,10 @@ class HFCausalLM(nn.Module):
         layers = DynamicCache(config=model.config).layers
         odd = [type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer]
         if odd:
-            raise ValueError(f"{type(model).__name__}: cache layers of type {odd[0]} cannot be rolled back; the adapter needs full-attention layers")
+            raise ValueError(
+                f"{type(model).__name__}: cache layers of type {odd[0]} cannot be rolled back; the adapter needs "
+                "full-attention layers"
+            )
 
     @property
     def config(self):
@@ -202,7 +207,9 @@ class HFCausalLM(nn.Module):
         cache.rollback([len(p) for p in prompts])
 
 
-def load_model(directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
+def load_model(
+    directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> nn.Module:
     """Load a Hugging Face model directory as a verispec model.
 
     Llama, Qwen2 and Mistral checkpoints that verispec's own model runs exactly load into
@@ -228,7 +235,9 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32, device
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
-        raise CheckpointError(f"{directory}: a {hf_config.get('model_type')!r} model needs transformers (pip install 'verispec[hf]')") from None
+        raise CheckpointError(
+            f"{directory}: a {hf_config.get('model_type')!r} model needs transformers (pip install 'verispec[hf]')"
+        ) from None
     try:
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, RuntimeError...

@@ -54,8 +54,13 @@ def build_key(source: bytes | None = None) -> str:
     """What a compiled kernel depends on, hashed: its source, the compiler flags, torch's and
     Python's versions and the CPU capability (the build directory's name)."""
     source = _SOURCE.read_bytes() if source is None else source
-    parts = [source, " ".join(_CFLAGS).encode(), torch.__version__.encode(), sys.version.split()[0].encode(),
-             torch.backends.cpu.get_cpu_capability().encode()]
+    parts = [
+        source,
+        " ".join(_CFLAGS).encode(),
+        torch.__version__.encode(),
+        sys.version.split()[0].encode(),
+        torch.backends.cpu.get_cpu_capability().encode(),
+    ]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -96,10 +101,20 @@ def _load():
 
             _build_dir.mkdir(parents=True, exist_ok=True)
             if not list(_build_dir.glob("*.so")):
-                print(f"verispec: compiling the CPU kernel into {_build_dir} (once; about a minute)", file=sys.stderr, flush=True)
+                print(
+                    f"verispec: compiling the CPU kernel into {_build_dir} (once; about a minute)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             with _build_lock(_build_dir):
-                _kernel = load(f"{_NAME}_{key}", [str(_SOURCE)], build_directory=str(_build_dir), extra_cflags=_CFLAGS,
-                               extra_ldflags=["-fopenmp"], verbose=False)
+                _kernel = load(
+                    f"{_NAME}_{key}",
+                    [str(_SOURCE)],
+                    build_directory=str(_build_dir),
+                    extra_cflags=_CFLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    verbose=False,
+                )
             _status = "skinny kernel loaded"
             try:
                 _choices = json.loads((_build_dir / "choices.json").read_text())
@@ -136,7 +151,9 @@ def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
         # Decoding reads each weight from memory, not from a cache: time both on copies of the
         # weight that together exceed any L3, one product per copy in turn.
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-        copies = [weight.detach().clone() for _ in range(max(2, -(-_COLD_BYTES // (weight.numel() * weight.element_size()))))]
+        copies = [
+            weight.detach().clone() for _ in range(max(2, -(-_COLD_BYTES // (weight.numel() * weight.element_size()))))
+        ]
         times: dict[str, list[float]] = {"kernel": [], "torch": []}
         for _ in range(4):
             for name, run in (("kernel", _kernel.skinny_linear), ("torch", F.linear)):
@@ -144,7 +161,9 @@ def _faster_is_kernel(rows: int, weight: torch.Tensor) -> bool:
                 for w in copies:
                     run(x, w)
                 times[name].append((time.perf_counter() - start) / len(copies))
-        kernel_s, torch_s = (statistics.median(t[1:]) for t in (times["kernel"], times["torch"]))  # the first round warms up
+        kernel_s, torch_s = (
+            statistics.median(t[1:]) for t in (times["kernel"], times["torch"])
+        )  # the first round warms up
         choice = _choices[key] = {"kernel_s": kernel_s, "torch_s": torch_s, "kernel": kernel_s <= torch_s}
         if _build_dir is not None:
             try:
@@ -162,11 +181,15 @@ def calibrate(model: torch.nn.Module, max_rows: int = MAX_ROWS) -> list[dict]:
     at 1..max_rows rows now, outside any timed loop. Returns one record per (shape, rows)."""
     if _load() is None or MODE != "auto":
         return []
-    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear) and m.weight.dtype == torch.float32}
+    shapes = {
+        tuple(m.weight.shape) for m in model.modules() if isinstance(m, Linear) and m.weight.dtype == torch.float32
+    }
     records = []
     with torch.no_grad():
         for n, k in sorted(shapes):
-            weight = next(m.weight for m in model.modules() if isinstance(m, Linear) and tuple(m.weight.shape) == (n, k))
+            weight = next(
+                m.weight for m in model.modules() if isinstance(m, Linear) and tuple(m.weight.shape) == (n, k)
+            )
             for rows in range(1, min(max_rows, MAX_ROWS) + 1):
                 _faster_is_kernel(rows, weight)
                 records.append({"rows": rows, "shape": (n, k), **_choices[f"{rows}x{n}x{k}"]})
@@ -175,7 +198,11 @@ def calibrate(model: torch.nn.Module, max_rows: int = MAX_ROWS) -> list[dict]:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]."""
-    rows = _kernel_rows(x) if weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad) else 0
+    rows = (
+        _kernel_rows(x)
+        if weight.dtype == torch.float32 and not (torch.is_grad_enabled() and weight.requires_grad)
+        else 0
+    )
     if rows and _faster_is_kernel(rows, weight):
         y = _kernel.skinny_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight.contiguous())
         y = y.view(*x.shape[:-1], weight.shape[0])
@@ -190,21 +217,29 @@ def _kernel_rows(x: torch.Tensor) -> int:
     return rows if usable and not (torch.is_grad_enabled() and x.requires_grad) and _load() is not None else 0
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., K] @ (qweight [N, K] int8 * scale [N, 1]).T (+ bias)."""
     rows = _kernel_rows(x) if x.shape[-1] % 8 == 0 else 0
     if rows:
-        y = _kernel.skinny_int8_linear(x.reshape(rows, x.shape[-1]).contiguous(), qweight, scale).view(*x.shape[:-1], -1)
+        y = _kernel.skinny_int8_linear(x.reshape(rows, x.shape[-1]).contiguous(), qweight, scale).view(
+            *x.shape[:-1], -1
+        )
     else:
         y = F.linear(x, (qweight.float() * scale[:, None]).to(x.dtype))
     return y if bias is None else y + bias
 
 
-def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group: int, dequantize, bias: torch.Tensor | None = None) -> torch.Tensor:
+def int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group: int, dequantize, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x [..., K] @ dequantize(packed [N, K/2], scale [N, K/group]).T (+ bias)."""
     rows = _kernel_rows(x)
     if rows:
-        y = _kernel.skinny_int4_linear(x.reshape(rows, x.shape[-1]).contiguous(), packed, scale, group).view(*x.shape[:-1], -1)
+        y = _kernel.skinny_int4_linear(x.reshape(rows, x.shape[-1]).contiguous(), packed, scale, group).view(
+            *x.shape[:-1], -1
+        )
     else:
         y = F.linear(x, dequantize(packed, scale, group).to(x.dtype))
     return y if bias is None else y + bias

@@ -49,23 +49,36 @@ class LlamaConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.model_type not in _ARCHITECTURES:
             raise ValueError(f"model_type must be one of {sorted(_ARCHITECTURES)}, got {self.model_type!r}")
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
+    def from_hf(cls, hf: dict[str, Any]) -> LlamaConfig:
         """Build from a Hugging Face config.json dict; refuse what this model cannot run exactly."""
         model_type = hf.get("model_type", "llama")
         if model_type not in _ARCHITECTURES:
-            raise ValueError(f"model_type {model_type!r} is not a Llama-family model (supported: {sorted(_ARCHITECTURES)})")
+            raise ValueError(
+                f"model_type {model_type!r} is not a Llama-family model (supported: {sorted(_ARCHITECTURES)})"
+            )
         rope_scaling = hf.get("rope_scaling")
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
             raise ValueError(f"rope_scaling {rope_scaling!r} is not supported")
@@ -96,12 +109,16 @@ class LlamaConfig:
 
     def to_hf(self, dtype: torch.dtype) -> dict[str, Any]:
         hf = {f.name: getattr(self, f.name) for f in fields(self)}
-        hf.update(architectures=[_ARCHITECTURES[self.model_type]], hidden_act="silu", torch_dtype=str(dtype).removeprefix("torch."))
+        hf.update(
+            architectures=[_ARCHITECTURES[self.model_type]],
+            hidden_act="silu",
+            torch_dtype=str(dtype).removeprefix("torch."),
+        )
         if self.model_type != "llama":
             hf.pop("attention_bias")  # implied by the architecture in transformers
         return hf
 
-    def replace(self, **changes: Any) -> "LlamaConfig":
+    def replace(self, **changes: Any) -> LlamaConfig:
         return LlamaConfig(**{**asdict(self), **changes})
 
     @property
@@ -121,7 +138,9 @@ class KVCache(CacheLengths):
     so rows leave (`keep_rows`: the kept rows' valid positions move down, once) and join
     (`add_rows`, up to the storage's rows) without a copy per pass."""
 
-    def __init__(self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self, config: LlamaConfig, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device | str
+    ):
         super().__init__(batch_size, max_length, device)
         shape = (config.num_hidden_layers, batch_size, max_length, config.num_key_value_heads, config.head_dim)
         self._keys = torch.zeros(shape, dtype=dtype, device=device)
@@ -146,7 +165,10 @@ class KVCache(CacheLengths):
     def add_rows(self, count: int) -> None:
         reserved = len(getattr(self, "_reserved", ()))
         if self.batch_size + count + reserved > self._keys.shape[1]:
-            raise ValueError(f"the cache holds {self._keys.shape[1]} rows; {self.batch_size} + {count} asked for ({reserved} reserved)")
+            raise ValueError(
+                f"the cache holds {self._keys.shape[1]} rows; {self.batch_size} + {count} asked for ({reserved} "
+                "reserved)"
+            )
         self._add_lengths(count)
 
     # A prompt can be prefilled piece by piece before its request joins (the server's chunked
@@ -154,7 +176,7 @@ class KVCache(CacheLengths):
     # that rows added meanwhile do not meet it), the model writes the prompt into it, and
     # `adopt_row` makes it the batch's last row (one copy of its valid positions), or
     # `release_row` gives it up.
-    def reserve_row(self) -> "KVCache":
+    def reserve_row(self) -> KVCache:
         self._reserved = getattr(self, "_reserved", set())
         top = self._keys.shape[1] - 1 - len(self._reserved)
         if top < self.batch_size:
@@ -165,7 +187,7 @@ class KVCache(CacheLengths):
         self._reserved.add(top)
         return view
 
-    def adopt_row(self, view: "KVCache") -> None:
+    def adopt_row(self, view: KVCache) -> None:
         row, length = self.batch_size, view.host_lengths[0]
         self._reserved.discard(view._storage_row)
         if view._storage_row != row:
@@ -173,7 +195,7 @@ class KVCache(CacheLengths):
             self._values[:, row, :length] = self._values[:, view._storage_row, :length]
         self.set_lengths(self._host_lengths + [length])
 
-    def release_row(self, view: "KVCache") -> None:
+    def release_row(self, view: KVCache) -> None:
         self._reserved.discard(view._storage_row)
 
 
@@ -226,7 +248,12 @@ def grouped_attention(
     scores = torch.matmul(q.float(), keys.permute(0, 2, 3, 1).float()) / math.sqrt(dim)  # [B, H_kv, G*T, S]
     scores = scores.view(batch, kv_heads, group, length, -1) + mask[:, :, None]  # [B, H_kv, G, T, S]
     out = torch.matmul(scores.view(batch, kv_heads, group * length, -1).softmax(dim=-1), values.transpose(1, 2).float())
-    return out.to(q.dtype).view(batch, kv_heads, group, length, dim).permute(0, 3, 1, 2, 4).reshape(batch, length, heads, dim)
+    return (
+        out.to(q.dtype)
+        .view(batch, kv_heads, group, length, dim)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(batch, length, heads, dim)
+    )
 
 
 class Attention(nn.Module):
@@ -235,7 +262,9 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=config.attention_bias)
+        self.qkv_proj = Linear(
+            config.hidden_size, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=config.attention_bias
+        )
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
@@ -336,7 +365,9 @@ class LlamaForCausalLM(nn.Module):
             self._rope = rope_tables(self.config, max(length, self.config.max_position_embeddings), self.device)
         return self._rope
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None, num_layers: int | None = None) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, cache: KVCache | None, num_layers: int | None = None
+    ) -> torch.Tensor:
         """Run the first num_layers layers (all by default) on input_ids [B, T] -> [B, T, d], not normed.
 
         With a cache: write and attend as the cache contract says, then advance it by T.
@@ -354,7 +385,9 @@ class LlamaForCausalLM(nn.Module):
             positions = cache.lengths[:, None] + torch.arange(length, device=device)  # [B, T]
             write_at = (torch.arange(batch, device=device)[:, None].expand(batch, length), positions)
             visible = torch.arange(span, device=device) <= positions[:, :, None]  # [B, T, S]
-            mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))[:, None]  # [B, 1, T, S]
+            mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))[
+                :, None
+            ]  # [B, 1, T, S]
         cos, sin = self._rope_tables(span)
         cos, sin = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)  # [B, T, 1, D]
         x = self.model.embed_tokens(input_ids)
@@ -390,7 +423,6 @@ class LlamaForCausalLM(nn.Module):
             self.hidden_states(ids[:, start : start + chunk], cache)
         cache.rollback([len(p) for p in prompts])
 
-
     @torch.no_grad()
     def prefill_rows(self, prompts: list[list[int]], cache: KVCache, rows: list[int]) -> None:
         """Rows rows[i] hold prompts[i] afterwards; the other rows are untouched (models/rows.py).
@@ -409,9 +441,13 @@ class LlamaForCausalLM(nn.Module):
             lengths[row] = len(prompt)
         cache.set_lengths(lengths)
 
+
 # Hugging Face keeps q, k, v (and gate, up) as separate matrices; this model stacks them so that
 # one product replaces several. These two functions are the only place that knows the mapping.
-_PACKED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+_PACKED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 def from_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
@@ -429,7 +465,10 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> d
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
     """This model's parameters -> Hugging Face names, q/k/v and gate/up split again."""
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    sizes = {"self_attn.qkv_proj": (q, kv, kv), "mlp.gate_up_proj": (config.intermediate_size, config.intermediate_size)}
+    sizes = {
+        "self_attn.qkv_proj": (q, kv, kv),
+        "mlp.gate_up_proj": (config.intermediate_size, config.intermediate_size),
+    }
     out = {}
     for name, tensor in state.items():
         packed = next((p for p in _PACKED if f".{p}." in name), None)

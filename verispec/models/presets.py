@@ -11,9 +11,17 @@ from .llama import LlamaConfig
 
 def _preset(d: int, layers: int, ff: int, heads: int, kv_heads: int, vocab: int = 8192) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=d, intermediate_size=ff, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=d // heads, tie_word_embeddings=True, max_position_embeddings=2048,
-        rope_theta=10000.0, eos_token_id=0,
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=ff,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=d // heads,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        eos_token_id=0,
     )
 
 

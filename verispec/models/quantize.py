@@ -41,7 +41,9 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def gptq_int4(weight: torch.Tensor, inputs: torch.Tensor, group: int, damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+def gptq_int4(
+    weight: torch.Tensor, inputs: torch.Tensor, group: int, damping: float = 0.01
+) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 with GPTQ's error compensation (Frantar et al. 2023), same format as quantize_int4.
 
     Columns are quantized in order; each column's rounding error, weighted by the inverse
@@ -97,7 +99,9 @@ class QuantLinear(nn.Module):
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits!r}")
         if bits == 4 and (group_size not in GROUP_SIZES or in_features % group_size):
-            raise ValueError(f"group_size must be one of {GROUP_SIZES} and divide in_features ({in_features}), got {group_size!r}")
+            raise ValueError(
+                f"group_size must be one of {GROUP_SIZES} and divide in_features ({in_features}), got {group_size!r}"
+            )
         if in_features % 16:
             raise ValueError(f"in_features must be a multiple of 16 to quantize, got {in_features}")
         self.in_features, self.out_features, self.bits, self.group_size = in_features, out_features, bits, group_size
@@ -110,7 +114,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear, bits: int, group_size: int = 64) -> "QuantLinear":
+    def from_linear(cls, layer: nn.Linear, bits: int, group_size: int = 64) -> QuantLinear:
         quant = cls(layer.in_features, layer.out_features, bits, group_size, bias=layer.bias is not None)
         with torch.no_grad():
             qweight, scale = quantize_int8(layer.weight) if bits == 8 else quantize_int4(layer.weight, group_size)
@@ -140,7 +144,11 @@ QUANTIZED_LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"
 
 
 def quantize_model(
-    model: nn.Module, bits: int, group_size: int = 64, calibration: torch.Tensor | None = None, head_bits: int | None = 8
+    model: nn.Module,
+    bits: int,
+    group_size: int = 64,
+    calibration: torch.Tensor | None = None,
+    head_bits: int | None = 8,
 ) -> nn.Module:
     """Replace the decoder layers' projections by QuantLinear, in place; with head_bits = 8 the
     output head too (int8 per channel, round-to-nearest: a tied head gets its own codes and the
@@ -157,8 +165,16 @@ def quantize_model(
         raise ValueError("calibration (GPTQ) is for bits = 4")
     if head_bits not in (None, 8):
         raise ValueError(f"head_bits must be 8 or None, got {head_bits!r}")
-    targets = [(getattr(layer, path.split(".")[0]), path.split(".")[1]) for layer in model.model.layers for path in QUANTIZED_LAYERS]
-    inputs = _record_inputs(model, [getattr(parent, name) for parent, name in targets], calibration) if calibration is not None else None
+    targets = [
+        (getattr(layer, path.split(".")[0]), path.split(".")[1])
+        for layer in model.model.layers
+        for path in QUANTIZED_LAYERS
+    ]
+    inputs = (
+        _record_inputs(model, [getattr(parent, name) for parent, name in targets], calibration)
+        if calibration is not None
+        else None
+    )
     for index, (parent, name) in enumerate(targets):
         layer = getattr(parent, name)
         if inputs is None:
@@ -171,7 +187,12 @@ def quantize_model(
             setattr(parent, name, quant)
     if head_bits is not None:
         model.lm_head = QuantLinear.from_linear(model.lm_head, head_bits)
-    model.quantization = {"bits": bits, "group_size": group_size, "method": "rtn" if calibration is None else "gptq", "head_bits": head_bits}
+    model.quantization = {
+        "bits": bits,
+        "group_size": group_size,
+        "method": "rtn" if calibration is None else "gptq",
+        "head_bits": head_bits,
+    }
     return model
 
 
@@ -179,7 +200,10 @@ def quantize_model(
 def _record_inputs(model: nn.Module, layers: list[nn.Module], calibration: torch.Tensor) -> list[torch.Tensor]:
     """The inputs [n*T, K] each of `layers` sees while the model reads the calibration text."""
     recorded: list[list[torch.Tensor]] = [[] for _ in layers]
-    hooks = [layer.register_forward_pre_hook(lambda _, args, i=i: recorded[i].append(args[0].reshape(-1, args[0].shape[-1]))) for i, layer in enumerate(layers)]
+    hooks = [
+        layer.register_forward_pre_hook(lambda _, args, i=i: recorded[i].append(args[0].reshape(-1, args[0].shape[-1])))
+        for i, layer in enumerate(layers)
+    ]
     try:
         for batch in calibration.split(8):
             model(batch)

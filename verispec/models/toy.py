@@ -30,7 +30,9 @@ def byte_level_tokenizer():
     return tokenizer
 
 
-def make_toy_pair(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32, sizes: str = "tiny") -> tuple[Path, Path]:
+def make_toy_pair(
+    directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32, sizes: str = "tiny"
+) -> tuple[Path, Path]:
     """Write directory/target and directory/draft; return their paths.
 
     sizes="tiny": a 4-layer target and its first layer as the draft. sizes="kquant": the same
@@ -50,9 +52,15 @@ def make_toy_pair(directory: str | Path, seed: int = 0, dtype: torch.dtype = tor
     elif sizes in ("tiny", "kquant"):
         wide = sizes == "kquant"
         config = LlamaConfig(
-            vocab_size=tokenizer.get_vocab_size(), hidden_size=256 if wide else 128, intermediate_size=512 if wide else 384,
-            num_hidden_layers=2 if wide else 4, num_attention_heads=4, num_key_value_heads=2, head_dim=64 if wide else 32,
-            tie_word_embeddings=True, eos_token_id=eos,
+            vocab_size=tokenizer.get_vocab_size(),
+            hidden_size=256 if wide else 128,
+            intermediate_size=512 if wide else 384,
+            num_hidden_layers=2 if wide else 4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64 if wide else 32,
+            tie_word_embeddings=True,
+            eos_token_id=eos,
         )
         target = init_weights(LlamaForCausalLM(config), std=0.1, seed=seed).to(dtype)
         draft = LlamaForCausalLM(config.replace(num_hidden_layers=1)).to(dtype)

@@ -36,11 +36,14 @@ def _tokens(directory: str | Path) -> tuple[dict[str, int], set[str]] | None:
     return tokenizer.get_vocab(with_added_tokens=True), special
 
 
-def check_same_tokenizer(target_dir: str | Path, draft_dir: str | Path, target_vocab_size: int, draft_vocab_size: int) -> str:
+def check_same_tokenizer(
+    target_dir: str | Path, draft_dir: str | Path, target_vocab_size: int, draft_vocab_size: int
+) -> str:
     """Raise ValueError (one line, the FIRST difference) unless target and draft share a tokenizer.
 
-    Each side is a model directory or a GGUF file. With a vocabulary on both sides: every token has the same id on both sides (target ids
-    in increasing order first, then tokens only the draft has), the same tokens are special,
+    Each side is a model directory or a GGUF file. With a vocabulary on both sides: every token has the same
+    id on both sides (target ids in increasing order first, then tokens only the draft has), the same tokens are
+    special,
     and each model's output layer (`*_vocab_size`, padding included) covers its tokenizer's
     ids. The two models' vocab sizes may then differ (an embedding matrix padded to a multiple
     of 64, say): see `match_vocab_size`.
@@ -52,26 +55,44 @@ def check_same_tokenizer(target_dir: str | Path, draft_dir: str | Path, target_v
     if target is None or draft is None:
         missing = target_dir if target is None else draft_dir
         if target_vocab_size != draft_vocab_size:
-            raise ValueError(f"draft vocab size {draft_vocab_size} differs from the target's {target_vocab_size} (no tokenizer.json in {missing} to compare)")
+            raise ValueError(
+                f"draft vocab size {draft_vocab_size} differs from the target's {target_vocab_size} (no tokenizer.json "
+                f"in {missing} to compare)"
+            )
         return f"no tokenizer.json in {missing}: compared vocab sizes only ({target_vocab_size})"
     (target_ids, target_special), (draft_ids, draft_special) = target, draft
     for token, target_id in sorted(target_ids.items(), key=lambda item: item[1]):
         draft_id = draft_ids.get(token)
         if draft_id is None:
-            raise ValueError(f"draft tokenizer differs from the target's: token {token!r} is id {target_id} in the target, absent from the draft")
+            raise ValueError(
+                f"draft tokenizer differs from the target's: token {token!r} is id {target_id} in the target, absent "
+                "from the draft"
+            )
         if draft_id != target_id:
-            raise ValueError(f"draft tokenizer differs from the target's: token {token!r} is id {target_id} in the target, id {draft_id} in the draft")
+            raise ValueError(
+                f"draft tokenizer differs from the target's: token {token!r} is id {target_id} in the target, id "
+                f"{draft_id} in the draft"
+            )
     for token, draft_id in sorted(draft_ids.items(), key=lambda item: item[1]):
         if token not in target_ids:
-            raise ValueError(f"draft tokenizer differs from the target's: token {token!r} is id {draft_id} in the draft, absent from the target")
+            raise ValueError(
+                f"draft tokenizer differs from the target's: token {token!r} is id {draft_id} in the draft, absent "
+                "from the target"
+            )
     for token in sorted(target_special ^ draft_special, key=target_ids.__getitem__):
         side, other = ("target", "draft") if token in target_special else ("draft", "target")
-        raise ValueError(f"draft tokenizer differs from the target's: token {token!r} (id {target_ids[token]}) is special in the {side}, not in the {other}")
+        raise ValueError(
+            f"draft tokenizer differs from the target's: token {token!r} (id {target_ids[token]}) is special in the "
+            f"{side}, not in the {other}"
+        )
     needed = max(target_ids.values(), default=-1) + 1
     for name, size in (("target", target_vocab_size), ("draft", draft_vocab_size)):
         if size < needed:
-            raise ValueError(f"the {name} model has {size} output logits, fewer than its tokenizer's {needed} token ids")
-    return f"same tokenizer ({len(target_ids)} tokens); model vocab sizes {target_vocab_size} (target), {draft_vocab_size} (draft)"
+            raise ValueError(
+                f"the {name} model has {size} output logits, fewer than its tokenizer's {needed} token ids"
+            )
+    sizes = f"{target_vocab_size} (target), {draft_vocab_size} (draft)"
+    return f"same tokenizer ({len(target_ids)} tokens); model vocab sizes {sizes}"
 
 
 class _VocabResized(nn.Module):

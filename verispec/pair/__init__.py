@@ -9,4 +9,6 @@ from pathlib import Path
 
 TARGET_DIR = Path(__file__).parent / "target"  # 56.6M-parameter Llama, bfloat16 weights
 DRAFT_DIR = Path(__file__).parent / "draft"  # 3.7M-parameter Llama distilled from the target
-HELDOUT_PROMPTS = Path(__file__).parent / "heldout.jsonl"  # benchmarks/heldout.jsonl: function openings of the held-out split
+HELDOUT_PROMPTS = (
+    Path(__file__).parent / "heldout.jsonl"
+)  # benchmarks/heldout.jsonl: function openings of the held-out split

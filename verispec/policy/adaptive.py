@@ -39,12 +39,16 @@ class PolicySettings:
     default_uncertainty: float = 0.5  # ... by the default shape (no calibration, no profile)
 
     def __post_init__(self) -> None:
-        checks = {"prior_alpha": 0 < self.prior_alpha <= 1, "prior_betas": self.prior_betas > 0,
-                  "memory": isinstance(self.memory, int) and self.memory >= 1,
-                  "window": isinstance(self.window, int) and self.window >= 1,
-                  "horizon": isinstance(self.horizon, int) and self.horizon >= 1,
-                  "spread_floor": 0 <= self.spread_floor < 1, "prior_uncertainty": 0 <= self.prior_uncertainty < 1,
-                  "default_uncertainty": 0 <= self.default_uncertainty < 1}
+        checks = {
+            "prior_alpha": 0 < self.prior_alpha <= 1,
+            "prior_betas": self.prior_betas > 0,
+            "memory": isinstance(self.memory, int) and self.memory >= 1,
+            "window": isinstance(self.window, int) and self.window >= 1,
+            "horizon": isinstance(self.horizon, int) and self.horizon >= 1,
+            "spread_floor": 0 <= self.spread_floor < 1,
+            "prior_uncertainty": 0 <= self.prior_uncertainty < 1,
+            "default_uncertainty": 0 <= self.default_uncertainty < 1,
+        }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} is out of range: {getattr(self, name)!r}")
@@ -128,8 +132,16 @@ class AdaptiveLength:
     def choose(self, batch: int = 1) -> int:
         return choose_k(*self.estimates(batch))
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
-                batch: int = 1, cap: int | None = None) -> None:
+    def observe(
+        self,
+        k: int,
+        beta_sums: list[float],
+        verified: list[int],
+        draft_s: float,
+        target_s: float,
+        batch: int = 1,
+        cap: int | None = None,
+    ) -> None:
         cap = k if cap is None else min(max(cap, k), self.k_max)
         last_batch, last_cap = self._last
         timed = (batch, cap) in self._shapes and last_batch in (0, batch) and not (cap > 0 and last_cap == 0)
@@ -139,8 +151,9 @@ class AdaptiveLength:
         self._last = (batch, cap)
         self.passes += 1
         if cap > 0:  # did the draft go on past each position it was allowed past
-            goes_on = self.goes_on.setdefault(batch, Rates(self.k_max, 1.0, self.settings.prior_betas,
-                                                            self.settings.memory, self.settings.horizon))
+            goes_on = self.goes_on.setdefault(
+                batch, Rates(self.k_max, 1.0, self.settings.prior_betas, self.settings.memory, self.settings.horizon)
+            )
             went = min(k + 1, cap)
             goes_on.add(self.passes, [float(i < k) for i in range(went)], [1.0] * went)
         if k > 0:

@@ -15,8 +15,16 @@ class DraftLengthPolicy(Protocol):
     def choose(self, batch: int = 1) -> int:
         """The draft length for the next iteration of `batch` rows, in 0..k_max."""
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
-                batch: int = 1, cap: int | None = None) -> None:
+    def observe(
+        self,
+        k: int,
+        beta_sums: list[float],
+        verified: list[int],
+        draft_s: float,
+        target_s: float,
+        batch: int = 1,
+        cap: int | None = None,
+    ) -> None:
         """After an iteration of `batch` rows that proposed k tokens: per draft position, the sum of beta over
         the rows' verified positions and their number; the seconds spent drafting and the rest; cap: the draft
         length chosen for it (None: k), of which a draft may propose fewer."""
@@ -38,6 +46,14 @@ class FixedLength:
     def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(self, k: int, beta_sums: list[float], verified: list[int], draft_s: float, target_s: float,
-                batch: int = 1, cap: int | None = None) -> None:
+    def observe(
+        self,
+        k: int,
+        beta_sums: list[float],
+        verified: list[int],
+        draft_s: float,
+        target_s: float,
+        batch: int = 1,
+        cap: int | None = None,
+    ) -> None:
         pass

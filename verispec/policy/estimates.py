@@ -84,8 +84,14 @@ class Times:
 class CostShape:
     """The prior shape of an iteration's seconds over k = 0..k_max at a batch size (any scale)."""
 
-    def __init__(self, k_max: int, c: float | None = None, r: tuple[float, ...] | None = None, r_batch: int = 1,
-                 default_c: float = 0.25):
+    def __init__(
+        self,
+        k_max: int,
+        c: float | None = None,
+        r: tuple[float, ...] | None = None,
+        r_batch: int = 1,
+        default_c: float = 0.25,
+    ):
         self.k_max, self.c, self.r, self.r_batch, self.default_c = k_max, c, r, r_batch, default_c
         self.target: dict[int, float] = {}  # a calibration's seconds of a target pass, by positions in it
         self.draft: dict[tuple[int, int], float] = {}  # its seconds of a drafting pass, by (batch, k)
@@ -96,8 +102,10 @@ class CostShape:
 
     def seconds(self, batch: int) -> list[float]:
         if self.target:
-            return [_interpolate(self.target, batch * (k + 1)) + (self._draft(batch, k) if k else 0.0)
-                    for k in range(self.k_max + 1)]
+            return [
+                _interpolate(self.target, batch * (k + 1)) + (self._draft(batch, k) if k else 0.0)
+                for k in range(self.k_max + 1)
+            ]
         c = self.default_c if self.c is None else self.c
         base = self._r(batch)
         return [self._r(batch * (k + 1)) / base + k * c for k in range(self.k_max + 1)]

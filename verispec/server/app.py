@@ -42,8 +42,27 @@ from .protocol import (
 from .scheduler import Event, QueueFull, Scheduler, Submission
 
 MAX_BODY = 1 << 20  # bytes
-CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-               "stream", "stream_options", "n", "user", "sampling", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
+CHAT_FIELDS = {
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "sampling",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_logprobs",
+}
 
 
 @dataclass
@@ -71,13 +90,29 @@ def _stats(choice: _Choice) -> dict:
     where = {} if choice.replica is None else {"replica": choice.replica}
     if s is None:
         return {"index": choice.index, **where}
-    return {"index": choice.index, **where, "generated_tokens": len(choice.tokens) if choice.kept is None else choice.kept, "target_passes": s.target_passes, "proposed": s.proposed, "accepted": s.accepted,
-            "alpha_hat": s.accepted / s.proposed if s.proposed else None,
-            "tokens_per_pass": s.generated_tokens / s.target_passes if s.target_passes else None}
+    return {
+        "index": choice.index,
+        **where,
+        "generated_tokens": len(choice.tokens) if choice.kept is None else choice.kept,
+        "target_passes": s.target_passes,
+        "proposed": s.proposed,
+        "accepted": s.accepted,
+        "alpha_hat": s.accepted / s.proposed if s.proposed else None,
+        "tokens_per_pass": s.generated_tokens / s.target_passes if s.target_passes else None,
+    }
 
 
-def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int, max_model_len: int, eos: tuple[int, ...],
-               metrics: Metrics | None = None, max_body: int = MAX_BODY, chat_template: tuple[str, dict] | None = None) -> FastAPI:
+def create_app(
+    scheduler: Scheduler,
+    tokenizer,
+    model_name: str,
+    vocab_size: int,
+    max_model_len: int,
+    eos: tuple[int, ...],
+    metrics: Metrics | None = None,
+    max_body: int = MAX_BODY,
+    chat_template: tuple[str, dict] | None = None,
+) -> FastAPI:
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
 
@@ -87,14 +122,21 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text).ids
 
-    def refuse(message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error") -> JSONResponse:
+    def refuse(
+        message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"
+    ) -> JSONResponse:
         if status == 503:  # retryable: the code says so, and when
             return JSONResponse(error_body(message, param, kind, 503), status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(error_body(message, param, kind), status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        return refuse(str(exc.detail), None, exc.status_code, "not_found_error" if exc.status_code == 404 else "invalid_request_error")
+        return refuse(
+            str(exc.detail),
+            None,
+            exc.status_code,
+            "not_found_error" if exc.status_code == 404 else "invalid_request_error",
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
@@ -116,7 +158,9 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         try:
             body = json.loads(text)
         except json.JSONDecodeError as error:
-            raise BadRequest(f"the request body is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+            raise BadRequest(
+                f"the request body is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+            ) from None
         check_text(body)  # before any field is read: a lone surrogate is named, never a 500 from the tokenizer
         return body
 
@@ -133,7 +177,11 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         text = decode(choice.tokens)
         at = find_stop(text, stop) if stop else None
         if at is not None:  # the fewest tokens whose text holds the stop string are the ones counted
-            choice.kept = next(m for m in range(before + 1, len(choice.tokens) + 1) if find_stop(decode(choice.tokens[:m]), stop) is not None)
+            choice.kept = next(
+                m
+                for m in range(before + 1, len(choice.tokens) + 1)
+                if find_stop(decode(choice.tokens[:m]), stop) is not None
+            )
             choice.text, choice.finish_reason = text[:at], "stop"
             if event.finish_reason is None:
                 scheduler.cancel(choice.submission, "stop")
@@ -153,20 +201,32 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
             at += len(text)
         pairs = choice.logprobs[start:end]
         top = [{decode([t]): lp for t, lp in alternatives.items()} for _, alternatives in pairs]
-        return {"tokens": tokens, "token_logprobs": [lp for lp, _ in pairs], "top_logprobs": top if any(top) else None,
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp for lp, _ in pairs],
+            "top_logprobs": top if any(top) else None,
+            "text_offset": offsets,
+        }
 
     def usage(request: CompletionRequest, choices: list[_Choice]) -> dict:
         prompt_tokens = sum(len(p) for p in request.prompts)
         completion = sum(len(c.tokens) if c.kept is None else c.kept for c in choices)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        }
 
     def submit(request: CompletionRequest, queue: asyncio.Queue) -> list[_Choice]:
         loop = asyncio.get_running_loop()
         choices = [_Choice(i) for i in range(len(request.params))]
-        for choice, prompt, params in zip(choices, [p for p in request.prompts for _ in range(request.n)], request.params):
+        for choice, prompt, params in zip(
+            choices, [p for p in request.prompts for _ in range(request.n)], request.params
+        ):
+
             def on_event(event: Event, index: int = choice.index) -> None:  # the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+
             choice.submission = Submission(prompt, params, on_event, logprobs=request.logprobs)
         submitted = []
         try:
@@ -188,8 +248,9 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
     async def completions(http: Request):
         try:
             body = await read_json(http)
-            request = parse_completion(body, model_name=model_name, encode=encode, vocab_size=vocab_size,
-                                       max_model_len=max_model_len, eos=eos)
+            request = parse_completion(
+                body, model_name=model_name, encode=encode, vocab_size=vocab_size, max_model_len=max_model_len, eos=eos
+            )
         except BadRequest as bad:
             return refuse(bad.message, bad.param, bad.status, bad.kind)
         return await respond(http, request, chat=False)
@@ -199,7 +260,11 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
         try:
             body = await read_json(http)
             if chat_template is None:
-                raise BadRequest(f"the model '{model_name}' has no chat template in its tokenizer: use /v1/completions with a prompt", "messages")
+                raise BadRequest(
+                    f"the model '{model_name}' has no chat template in its tokenizer: use /v1/completions with a "
+                    "prompt",
+                    "messages",
+                )
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             unknown = sorted(set(body) - CHAT_FIELDS)
@@ -208,12 +273,22 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
             if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
                 raise BadRequest("'logprobs' is not supported for chat yet: use /v1/completions", "logprobs")
             messages = check_messages(body.get("messages"))
-            completion = {key: value for key, value in body.items() if key not in ("messages", "max_completion_tokens", "logprobs", "top_logprobs")}
+            completion = {
+                key: value
+                for key, value in body.items()
+                if key not in ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
+            }
             if body.get("max_completion_tokens") is not None:
                 completion["max_tokens"] = body["max_completion_tokens"]
             completion["prompt"] = render(chat_template[0], chat_template[1], messages)
-            request = parse_completion(completion, model_name=model_name, encode=encode, vocab_size=vocab_size,
-                                       max_model_len=max_model_len, eos=eos)
+            request = parse_completion(
+                completion,
+                model_name=model_name,
+                encode=encode,
+                vocab_size=vocab_size,
+                max_model_len=max_model_len,
+                eos=eos,
+            )
         except BadRequest as bad:
             return refuse(bad.message, bad.param, bad.status, bad.kind)
         return await respond(http, request, chat=True)
@@ -242,25 +317,69 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
             raise
         failed = [c for c in choices if c.finish_reason in ("error", "abort")]
         if failed:
-            return refuse(f"the request could not be completed: {failed[0].error or 'the server is shutting down'}", None, 503, "server_error")
+            return refuse(
+                f"the request could not be completed: {failed[0].error or 'the server is shutting down'}",
+                None,
+                503,
+                "server_error",
+            )
         if chat:
-            listed = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                       "finish_reason": c.finish_reason} for c in choices]
+            listed = [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ]
         else:
-            listed = [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                       "logprobs": None if request.logprobs is None else logprobs_of(c, 0, None)} for c in choices]
-        return {"id": identity, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": listed, "usage": usage(request, choices), "verispec": {"choices": [_stats(c) for c in choices]}}
+            listed = [
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None if request.logprobs is None else logprobs_of(c, 0, None),
+                }
+                for c in choices
+            ]
+        return {
+            "id": identity,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": listed,
+            "usage": usage(request, choices),
+            "verispec": {"choices": [_stats(c) for c in choices]},
+        }
 
-    async def stream(request: CompletionRequest, choices: list[_Choice], queue: asyncio.Queue, identity: str, chat: bool):
+    async def stream(
+        request: CompletionRequest, choices: list[_Choice], queue: asyncio.Queue, identity: str, chat: bool
+    ):
         def chunk(choice_list: list[dict], **extra) -> str:
-            payload = {"id": identity, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-                       "model": model_name, "choices": choice_list, **extra}
+            payload = {
+                "id": identity,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": choice_list,
+                **extra,
+            }
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
         try:
             if chat:  # the role first, as OpenAI's streams do
-                yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for c in choices])
+                yield chunk(
+                    [
+                        {
+                            "index": c.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        for c in choices
+                    ]
+                )
             while not all(c.done for c in choices):
                 index, event = await queue.get()
                 choice = choices[index]
@@ -278,10 +397,27 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
                         choice.logprobs_sent = len(choice.tokens) if choice.kept is None else choice.kept
                     piece, choice.sent = choice.text[choice.sent : end], max(end, choice.sent)
                     if chat:
-                        yield chunk([{"index": index, "delta": {"content": piece} if piece else {}, "logprobs": None,
-                                      "finish_reason": choice.finish_reason}])
+                        yield chunk(
+                            [
+                                {
+                                    "index": index,
+                                    "delta": {"content": piece} if piece else {},
+                                    "logprobs": None,
+                                    "finish_reason": choice.finish_reason,
+                                }
+                            ]
+                        )
                     else:
-                        yield chunk([{"index": index, "text": piece, "logprobs": logprobs, "finish_reason": choice.finish_reason}])
+                        yield chunk(
+                            [
+                                {
+                                    "index": index,
+                                    "text": piece,
+                                    "logprobs": logprobs,
+                                    "finish_reason": choice.finish_reason,
+                                }
+                            ]
+                        )
             if request.include_usage:
                 yield chunk([], usage=usage(request, choices), verispec={"choices": [_stats(c) for c in choices]})
             yield "data: [DONE]\n\n"
@@ -290,8 +426,18 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, vocab_size: int
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "verispec",
-                                            "max_model_len": max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "verispec",
+                    "max_model_len": max_model_len,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health():

@@ -38,7 +38,9 @@ def load_chat_template(path: str | Path) -> tuple[str, dict] | None:
     data = json.loads(config.read_text(encoding="utf-8"))
     template = data.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     if not isinstance(template, str) or not template:
         return None
 
@@ -61,7 +63,9 @@ def check_messages(messages) -> list[dict]:
         if role not in ROLES:
             raise BadRequest(f"'messages[{i}].role' must be one of {', '.join(ROLES)}, got {role!r}", "messages")
         if isinstance(content, list):  # [{"type": "text", "text": ...}]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise BadRequest(f"'messages[{i}].content' parts must be text parts", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):

@@ -66,18 +66,27 @@ async def _one(client, url: str, body: dict) -> tuple[float, list[float], int] |
     return arrivals[0] - start, arrivals, tokens
 
 
-async def _level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float) -> tuple[float, list]:
+async def _level(
+    url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float
+) -> tuple[float, list]:
     import httpx
 
     queue = list(range(requests))
     results: list = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
         async def worker() -> None:
             while queue:
                 i = queue.pop()
-                body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "temperature": temperature,
-                        "seed": i, "stream": True, "stream_options": {"include_usage": True}}
+                body = {
+                    "prompt": prompts[i % len(prompts)],
+                    "max_tokens": max_tokens,
+                    "temperature": temperature,
+                    "seed": i,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 results.append(await _one(client, url, body))
 
         started = time.perf_counter()
@@ -85,16 +94,36 @@ async def _level(url: str, prompts: list[str], concurrency: int, requests: int, 
         return time.perf_counter() - started, results
 
 
-def run_level(url: str, mode: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float = 0.0,
-              warmup: bool = False) -> Level:
+def run_level(
+    url: str,
+    mode: str,
+    prompts: list[str],
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    warmup: bool = False,
+) -> Level:
     wall, results = asyncio.run(_level(url, prompts, concurrency, requests, max_tokens, temperature))
     done = [r for r in results if r is not None]
     tokens = sum(r[2] for r in done)
     gaps = [b - a for _, arrivals, _ in done for a, b in itertools.pairwise(arrivals)]
     tpot = [(arrivals[-1] - arrivals[0]) / (n - 1) for _, arrivals, n in done if n > 1]
     ttft = [r[0] for r in done]
-    return Level(mode, concurrency, len(results), tokens / wall, len(done) / wall, _quantile(ttft, 0.5), _quantile(ttft, 0.99),
-                 _quantile(gaps, 0.5), _quantile(gaps, 0.99), _quantile(tpot, 0.5), len(results) - len(done), warmup)
+    return Level(
+        mode,
+        concurrency,
+        len(results),
+        tokens / wall,
+        len(done) / wall,
+        _quantile(ttft, 0.5),
+        _quantile(ttft, 0.99),
+        _quantile(gaps, 0.5),
+        _quantile(gaps, 0.99),
+        _quantile(tpot, 0.5),
+        len(results) - len(done),
+        warmup,
+    )
 
 
 def summarize(levels: list[Level]) -> list[dict]:
@@ -113,19 +142,37 @@ def summarize(levels: list[Level]) -> list[dict]:
     for mode, concurrency in keys:
         runs = [lv for lv in levels if lv.mode == mode and lv.concurrency == concurrency]
         row = {"mode": mode, "concurrency": concurrency, "repeats": len(runs)}
-        for name in ("throughput_tok_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s"):
+        for name in (
+            "throughput_tok_s",
+            "requests_per_s",
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "itl_p50_s",
+            "itl_p99_s",
+            "tpot_p50_s",
+        ):
             row[name] = statistics.median(getattr(lv, name) for lv in runs)
         row["errors"] = sum(lv.errors for lv in runs)
         plain = [lv for lv in levels if lv.mode == "plain" and lv.concurrency == concurrency]
         if plain and mode != "plain" and len(plain) == len(runs):
-            row["throughput_vs_plain"] = statistics.median(a.throughput_tok_s / b.throughput_tok_s for a, b in zip(runs, plain))
-        others = [[lv for lv in levels if lv.mode == other and lv.concurrency == concurrency] for other in modes if other != mode]
+            row["throughput_vs_plain"] = statistics.median(
+                a.throughput_tok_s / b.throughput_tok_s for a, b in zip(runs, plain)
+            )
+        others = [
+            [lv for lv in levels if lv.mode == other and lv.concurrency == concurrency]
+            for other in modes
+            if other != mode
+        ]
         if others and all(len(runs_other) == len(runs) for runs_other in others):
             row["throughput_vs_best_other"] = _vs_best_other(runs, others, range(len(runs)))
             if len(runs) >= 3:
-                row["throughput_vs_best_other_ci95_low"], row["throughput_vs_best_other_ci95_high"] = _bootstrap(runs, others)
+                row["throughput_vs_best_other_ci95_low"], row["throughput_vs_best_other_ci95_high"] = _bootstrap(
+                    runs, others
+                )
             row["throughput_vs_best_other_by_round"] = statistics.median(  # stricter: the fastest other of each round
-                run.throughput_tok_s / max(rest.throughput_tok_s for rest in round_) for run, *round_ in zip(runs, *others))
+                run.throughput_tok_s / max(rest.throughput_tok_s for rest in round_)
+                for run, *round_ in zip(runs, *others)
+            )
         rows.append(row)
     return rows
 
@@ -137,7 +184,9 @@ def _vs_best_other(runs: list[Level], others: list[list[Level]], rounds) -> floa
     return statistics.median(runs[i].throughput_tok_s / best[i].throughput_tok_s for i in rounds)
 
 
-def _bootstrap(runs: list[Level], others: list[list[Level]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def _bootstrap(
+    runs: list[Level], others: list[list[Level]], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """[2.5%, 97.5%] percentiles of `_vs_best_other` over rounds drawn with replacement (whole
     rounds: every mode's run of a round together, as they shared its load), the best other mode
     chosen again in each draw, so that the interval carries the choice's upward bias too. Rounds
@@ -176,8 +225,17 @@ def plot(rows: list[dict], path: str) -> None:
     figure.savefig(path, dpi=120)
 
 
-def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[int], requests: int | None, max_tokens: int,
-                temperature: float, repeats: int, progress=None, warmups: int = 0) -> list[Level]:
+def bench_serve(
+    servers: dict[str, str],
+    prompts: list[str],
+    concurrency: list[int],
+    requests: int | None,
+    max_tokens: int,
+    temperature: float,
+    repeats: int,
+    progress=None,
+    warmups: int = 0,
+) -> list[Level]:
     """servers: mode -> base URL. First, at each level in turn, `warmups` rounds of every mode
     that are reported but not measured (vLLM's `bench serve --num-warmups`: a server's first
     requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
@@ -193,7 +251,9 @@ def bench_serve(servers: dict[str, str], prompts: list[str], concurrency: list[i
     def round_(c: int, warmup: bool) -> None:
         start, rounds[c] = rounds[c] % len(modes), rounds[c] + 1
         for mode, url in modes[start:] + modes[:start]:
-            levels.append(run_level(url, mode, prompts, c, requests or max(16, 2 * c), max_tokens, temperature, warmup=warmup))
+            levels.append(
+                run_level(url, mode, prompts, c, requests or max(16, 2 * c), max_tokens, temperature, warmup=warmup)
+            )
             if progress is not None:
                 progress(levels[-1])
 

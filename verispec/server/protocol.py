@@ -20,8 +20,28 @@ MAX_N = 16
 MAX_PROMPTS = 64
 MAX_STOP_LENGTH = 256
 MAX_LOGPROBS = 5  # OpenAI's limit on alternatives per token
-SUPPORTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "n",
-             "user", "sampling", "stream_options", "logprobs", "echo", "best_of", "presence_penalty", "frequency_penalty", "suffix"}
+SUPPORTED = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "n",
+    "user",
+    "sampling",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "best_of",
+    "presence_penalty",
+    "frequency_penalty",
+    "suffix",
+}
 
 
 class BadRequest(Exception):
@@ -32,7 +52,9 @@ class BadRequest(Exception):
         self.message, self.param, self.status, self.kind = message, param, status, kind
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | int | None = None) -> dict:
+def error_body(
+    message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | int | None = None
+) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -73,7 +95,9 @@ def _refuse_surrogate(text: str, what: str, param: str | None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise BadRequest(f"{what} holds a lone surrogate ({text[error.start]!a}): text must be valid Unicode", param) from None
+        raise BadRequest(
+            f"{what} holds a lone surrogate ({text[error.start]!a}): text must be valid Unicode", param
+        ) from None
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
@@ -100,14 +124,21 @@ def _integer(body: dict, name: str, default: int | None, low: int, high: int) ->
 
 def _prompts(value, encode, vocab_size: int) -> list[list[int]]:
     """prompt: a string, a list of strings, a list of token ids, or a list of token-id lists."""
-    if isinstance(value, str) or isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if (
+        isinstance(value, str)
+        or isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
         items = [value]
     elif isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
         items = value
     elif isinstance(value, list) and not value:
         raise BadRequest("'prompt' is empty", "prompt")
     else:
-        raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt")
+        raise BadRequest(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt"
+        )
     if len(items) > MAX_PROMPTS:
         raise BadRequest(f"'prompt' holds {len(items)} prompts; at most {MAX_PROMPTS} per request", "prompt")
     prompts = []
@@ -130,7 +161,9 @@ def _prompts(value, encode, vocab_size: int) -> list[list[int]]:
     return prompts
 
 
-def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_model_len: int, eos: tuple[int, ...]) -> CompletionRequest:
+def parse_completion(
+    body, *, model_name: str, encode, vocab_size: int, max_model_len: int, eos: tuple[int, ...]
+) -> CompletionRequest:
     """The checked request, or BadRequest (the first problem found, naming its field)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -141,7 +174,9 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"'model' must be a string, got {model!r}", "model")
     if model not in (None, model_name):
-        raise BadRequest(f"the model '{model}' does not exist; this server serves '{model_name}'", "model", 404, "not_found_error")
+        raise BadRequest(
+            f"the model '{model}' does not exist; this server serves '{model_name}'", "model", 404, "not_found_error"
+        )
     if "prompt" not in body:
         raise BadRequest("'prompt' is required", "prompt")
     for name in ("echo",):
@@ -174,8 +209,11 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     if not isinstance(stream, bool) and stream is not None:
         raise BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}
-                                or not isinstance(options.get("include_usage", False), bool)):
+    if options is not None and (
+        not isinstance(options, dict)
+        or set(options) - {"include_usage"}
+        or not isinstance(options.get("include_usage", False), bool)
+    ):
         raise BadRequest("'stream_options' must be an object with a boolean 'include_usage'", "stream_options")
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -189,17 +227,33 @@ def parse_completion(body, *, model_name: str, encode, vocab_size: int, max_mode
     longest = max(len(p) for p in prompts)
     room = max_model_len - longest
     if room < 1:
-        raise BadRequest(f"the prompt has {longest} tokens; this server's context holds {max_model_len} (--max-model-len)", "prompt")
+        raise BadRequest(
+            f"the prompt has {longest} tokens; this server's context holds {max_model_len} (--max-model-len)", "prompt"
+        )
     max_tokens = _integer(body, "max_tokens", min(16, room), 1, 2**31)
     if longest + max_tokens > max_model_len:
-        raise BadRequest(f"the prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the context of {max_model_len} "
-                         f"tokens (--max-model-len); at most {room} tokens can be generated", "max_tokens")
+        raise BadRequest(
+            f"the prompt ({longest} tokens) plus max_tokens ({max_tokens}) exceeds the context of {max_model_len} "
+            f"tokens (--max-model-len); at most {room} tokens can be generated",
+            "max_tokens",
+        )
     params = [
-        SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new_tokens=max_tokens,
-                       stop_token_ids=eos, sampling=sampling, seed=None if seed is None else row_seed(seed, j))
-        for _ in prompts for j in range(n)
+        SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            max_new_tokens=max_tokens,
+            stop_token_ids=eos,
+            sampling=sampling,
+            seed=None if seed is None else row_seed(seed, j),
+        )
+        for _ in prompts
+        for j in range(n)
     ]
-    return CompletionRequest(prompts, params, n, stop, bool(stream), bool((options or {}).get("include_usage", False)), logprobs)
+    return CompletionRequest(
+        prompts, params, n, stop, bool(stream), bool((options or {}).get("include_usage", False)), logprobs
+    )
 
 
 def find_stop(text: str, stop: list[str], start: int = 0) -> int | None:

@@ -16,7 +16,8 @@ tokens from it ends with a retryable 503 (an SSE error event when streamed), one
 received none is sent once more to a live replica.
 
 Knows nothing of models or HTTP: each replica loads the plan's Settings (assemble.py, through
-run.load_served; the ingress only its tokenizer), the routes come from app.py. Ray is imported only inside functions: the module imports without it.
+run.load_served; the ingress only its tokenizer), the routes come from app.py. Ray is imported only
+inside functions: the module imports without it.
 """
 
 from __future__ import annotations
@@ -103,8 +104,16 @@ class EngineReplica:
         models = load_served(plan.settings, plan.frontend.model_name)
         self.replica = serve.get_replica_context().replica_tag
         self.metrics = Metrics(plan.frontend.model_name, replica=self.replica)
-        self.scheduler = Scheduler(models.target, models.drafter, models.k, plan.max_batch, plan.max_waiting,
-                                   plan.frontend.max_model_len, self.metrics, plan.prefill_chunk)
+        self.scheduler = Scheduler(
+            models.target,
+            models.drafter,
+            models.k,
+            plan.max_batch,
+            plan.max_waiting,
+            plan.frontend.max_model_len,
+            self.metrics,
+            plan.prefill_chunk,
+        )
         self.scheduler.start()
         self._stopped = threading.Event()
         threading.Thread(target=self._push_metrics, args=(plan.hub,), name="verispec-metrics-push", daemon=True).start()
@@ -114,7 +123,9 @@ class EngineReplica:
         string was found) cancels the request."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        submission = Submission(prompt, params, lambda event: loop.call_soon_threadsafe(events.put_nowait, event), logprobs=logprobs)
+        submission = Submission(
+            prompt, params, lambda event: loop.call_soon_threadsafe(events.put_nowait, event), logprobs=logprobs
+        )
         try:
             self.scheduler.submit(submission)
         except QueueFull as full:
@@ -233,7 +244,10 @@ class RemoteScheduler:
 
     def submit(self, submission: Submission) -> None:
         if len(self._tasks) >= self.capacity:
-            raise QueueFull(f"{len(self._tasks)} requests are in flight already (replicas x (--max-batch + --max-waiting) = {self.capacity})")
+            raise QueueFull(
+                f"{len(self._tasks)} requests are in flight already (replicas x (--max-batch + --max-waiting) = "
+                f"{self.capacity})"
+            )
         self._tasks[submission] = asyncio.get_running_loop().create_task(self._relay(submission))
 
     def cancel(self, submission: Submission, reason: str = "abort") -> None:
@@ -259,7 +273,11 @@ class RemoteScheduler:
         went away before it received anything), else why it failed."""
         stream, received = None, False
         try:
-            stream = self._engine().options(stream=True).generate.remote(submission.prompt, submission.params, submission.logprobs)
+            stream = (
+                self._engine()
+                .options(stream=True)
+                .generate.remote(submission.prompt, submission.params, submission.logprobs)
+            )
             async for event in stream:
                 received = True
                 submission.on_event(event)
@@ -292,8 +310,16 @@ def _ingress_builder(plan: Plan) -> Callable[[], object]:
         from .app import create_app
 
         front = plan.frontend
-        return create_app(RemoteScheduler(plan.capacity), load_tokenizer(plan.settings, to_stderr()), front.model_name, front.vocab_size,
-                          front.max_model_len, front.eos, metrics=MergedMetrics(plan.hub), chat_template=front.chat_template)
+        return create_app(
+            RemoteScheduler(plan.capacity),
+            load_tokenizer(plan.settings, to_stderr()),
+            front.model_name,
+            front.vocab_size,
+            front.max_model_len,
+            front.eos,
+            metrics=MergedMetrics(plan.hub),
+            chat_template=front.chat_template,
+        )
 
     return build
 
@@ -302,10 +328,22 @@ def application(plan: Plan):
     """The Ray Serve application: the ingress bound to N engine replicas."""
     from ray import serve
 
-    engine = serve.deployment(EngineReplica, name=ENGINE, num_replicas=plan.replicas, max_ongoing_requests=plan.per_replica,
-                              ray_actor_options={"num_cpus": plan.threads}, health_check_period_s=2, graceful_shutdown_timeout_s=5)
-    ingress = serve.deployment(serve.ingress(_ingress_builder(plan))(), name=INGRESS, num_replicas=1,
-                               max_ongoing_requests=plan.capacity + 64, ray_actor_options={"num_cpus": 0})
+    engine = serve.deployment(
+        EngineReplica,
+        name=ENGINE,
+        num_replicas=plan.replicas,
+        max_ongoing_requests=plan.per_replica,
+        ray_actor_options={"num_cpus": plan.threads},
+        health_check_period_s=2,
+        graceful_shutdown_timeout_s=5,
+    )
+    ingress = serve.deployment(
+        serve.ingress(_ingress_builder(plan))(),
+        name=INGRESS,
+        num_replicas=1,
+        max_ongoing_requests=plan.capacity + 64,
+        ray_actor_options={"num_cpus": 0},
+    )
     return ingress.bind(engine.bind(plan))
 
 
@@ -326,7 +364,9 @@ def start(plan: Plan, host: str, port: int, address: str | None = None):
         ray.init(num_cpus=cores, include_dashboard=False, logging_level=logging.WARNING)
     else:
         ray.init(address=address, logging_level=logging.WARNING)
-    hub = ray.remote(num_cpus=0)(MetricsHub).options(name=plan.hub, namespace=HUB_NAMESPACE, get_if_exists=True).remote()
+    hub = (
+        ray.remote(num_cpus=0)(MetricsHub).options(name=plan.hub, namespace=HUB_NAMESPACE, get_if_exists=True).remote()
+    )
     quiet = {"log_level": "WARNING", "enable_access_log": False}  # warnings and errors still reach stderr
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
@@ -349,7 +389,9 @@ def stop(joined: bool = False) -> None:
     ray.shutdown()
 
 
-def serve_until_signal(plan: Plan, host: str, port: int, address: str | None, ready: Callable[[str, str], None]) -> None:
+def serve_until_signal(
+    plan: Plan, host: str, port: int, address: str | None, ready: Callable[[str, str], None]
+) -> None:
     """Deploy, call `ready(url, Ray's address)`, wait for SIGINT or SIGTERM, then shut Serve and Ray down."""
     asked = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: asked.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -41,8 +41,15 @@ def load_served(settings, model_name: str | None = None, say=None) -> ServedMode
 
     parts = load_parts(settings, say or to_stderr())
     target = parts.settings.target
-    return ServedModels(parts.target, parts.tokenizer, parts.drafter, parts.policy, parts.eos,
-                        model_name or Path(target).name, load_chat_template(target))
+    return ServedModels(
+        parts.target,
+        parts.tokenizer,
+        parts.drafter,
+        parts.policy,
+        parts.eos,
+        model_name or Path(target).name,
+        load_chat_template(target),
+    )
 
 
 def model_len(target, max_model_len: int | None) -> int:
@@ -56,14 +63,27 @@ def model_len(target, max_model_len: int | None) -> int:
     return max_model_len
 
 
-def build(target, drafter, tokenizer, *, model_name: str, k, max_batch: int = 8, max_waiting: int = 64,
-          max_model_len: int | None = None, eos: tuple[int, ...] = (), chat_template: tuple[str, dict] | None = None,
-          prefill_chunk: int = 256):
+def build(
+    target,
+    drafter,
+    tokenizer,
+    *,
+    model_name: str,
+    k,
+    max_batch: int = 8,
+    max_waiting: int = 64,
+    max_model_len: int | None = None,
+    eos: tuple[int, ...] = (),
+    chat_template: tuple[str, dict] | None = None,
+    prefill_chunk: int = 256,
+):
     """(app, scheduler) over loaded models; the scheduler's thread starts with the app (lifespan)."""
     max_model_len = model_len(target, max_model_len)
     metrics = Metrics(model_name)
     scheduler = Scheduler(target, drafter, k, max_batch, max_waiting, max_model_len, metrics, prefill_chunk)
-    app = create_app(scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics, chat_template=chat_template)
+    app = create_app(
+        scheduler, tokenizer, model_name, target.vocab_size, max_model_len, eos, metrics, chat_template=chat_template
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -126,7 +146,8 @@ def run(app, host: str, port: int, sock=None) -> None:
                     signal.signal(sig, handler)
 
     Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run(
-        sockets=None if sock is None else [sock])
+        sockets=None if sock is None else [sock]
+    )
 
 
 class Running:
@@ -173,12 +194,19 @@ class Spawned:
         self.log = tempfile.NamedTemporaryFile(prefix="verispec-serve-", suffix=".log", delete=False)  # noqa: SIM115  (closed by stop)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "verispec", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
-                                        stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "verispec", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         while not _healthy(self.url):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                reason = _last_line(self.log.name).removeprefix("verispec: error: ") or f"no answer on {self.url}/health within {timeout:.0f} s"
+                reason = (
+                    _last_line(self.log.name).removeprefix("verispec: error: ")
+                    or f"no answer on {self.url}/health within {timeout:.0f} s"
+                )
                 self.stop()
                 raise RuntimeError(f"`verispec serve {' '.join(flags)}` did not start: {reason}")
             time.sleep(0.2)

@@ -3,7 +3,8 @@
 Owns `Scheduler`: a bounded waiting queue and `max_batch` rows. Its loop, between target
 passes: requests whose client left (or whose text reached a stop string) are cancelled and
 their rows freed; waiting requests join free rows (their prompts prefilled by the target in
-one call; a model draft reads them before its next drafting pass, so plain passes never pay for it); then one pass over the running rows (`engine.Batch.step`), and each request is handed
+one call; a model draft reads them before its next drafting pass, so plain passes never pay for it);
+then one pass over the running rows (`engine.Batch.step`), and each request is handed
 its new tokens through its own callback. `Submission` is one request as the scheduler sees it.
 Knows nothing of HTTP or text; the metrics are told what happened (metrics.py).
 """
@@ -18,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import SamplingParams
-from ..policy import AdaptiveLength, DraftLengthPolicy
-from ..engine import Batch, Staged
 from ..analysis.profile import batch_sizes, calibrate
+from ..config import SamplingParams
+from ..engine import Batch, Staged
+from ..policy import AdaptiveLength, DraftLengthPolicy
 from ..stats import RequestStats
 
 
@@ -57,17 +58,45 @@ class Scheduler:
     `start()`, `stop()`. The rows' caches hold max_model_len positions each (prompt + max_tokens).
     The batch's rows are the running submissions themselves (their ids in `engine.Batch`)."""
 
-    def __init__(self, target, drafter, k: int | DraftLengthPolicy, max_batch: int, max_waiting: int, max_model_len: int, metrics=None,
-                 prefill_chunk: int = 256, calibrate: bool = True):
-        for name, value in (("max_batch", max_batch), ("max_waiting", max_waiting), ("max_model_len", max_model_len),
-                            ("prefill_chunk", prefill_chunk)):
+    def __init__(
+        self,
+        target,
+        drafter,
+        k: int | DraftLengthPolicy,
+        max_batch: int,
+        max_waiting: int,
+        max_model_len: int,
+        metrics=None,
+        prefill_chunk: int = 256,
+        calibrate: bool = True,
+    ):
+        for name, value in (
+            ("max_batch", max_batch),
+            ("max_waiting", max_waiting),
+            ("max_model_len", max_model_len),
+            ("prefill_chunk", prefill_chunk),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.max_batch, self.max_waiting, self.max_model_len, self.prefill_chunk = max_batch, max_waiting, max_model_len, prefill_chunk
+        self.max_batch, self.max_waiting, self.max_model_len, self.prefill_chunk = (
+            max_batch,
+            max_waiting,
+            max_model_len,
+            prefill_chunk,
+        )
         self.metrics = metrics
         k_max = k.k_max if isinstance(k, DraftLengthPolicy) else k
-        self.batch = Batch(target, [], [], drafter, k, capacity=max_batch, max_length=max_model_len + k_max + 1,
-                           compiled=False, count_requests=False)
+        self.batch = Batch(
+            target,
+            [],
+            [],
+            drafter,
+            k,
+            capacity=max_batch,
+            max_length=max_model_len + k_max + 1,
+            compiled=False,
+            count_requests=False,
+        )
         self.waiting: deque[Submission] = deque()
         self.staging: deque[tuple[Submission, Staged]] = deque()  # long prompts being read, one piece per turn
         self.passes = 0  # target passes so far
@@ -131,7 +160,9 @@ class Scheduler:
         try:
             with torch.no_grad():
                 if self.calibrate and self.calibration_s is None:
-                    self.calibration_s = calibrate(self.batch, self.batch.policy, batch_sizes(self.max_batch), self.max_model_len)
+                    self.calibration_s = calibrate(
+                        self.batch, self.batch.policy, batch_sizes(self.max_batch), self.max_model_len
+                    )
                 self._ready.set()
                 while self._turn():
                     pass
@@ -199,7 +230,10 @@ class Scheduler:
             if submission.cancelled:
                 self.staging.remove((submission, staged))
                 self.batch.release(staged)
-                self._finish(submission, Event([], submission.cancelled, stats=RequestStats(prompt_tokens=len(submission.prompt))))
+                self._finish(
+                    submission,
+                    Event([], submission.cancelled, stats=RequestStats(prompt_tokens=len(submission.prompt))),
+                )
         for reason in ("abort", "stop"):
             cancelled = [s for s in self.batch.ids if s.cancelled == reason]
             if cancelled:
@@ -209,7 +243,9 @@ class Scheduler:
 
     def _join(self, joining: list[Submission]) -> None:
         try:
-            self.batch.join([s.prompt for s in joining], [s.params for s in joining], joining, [s.logprobs for s in joining])
+            self.batch.join(
+                [s.prompt for s in joining], [s.params for s in joining], joining, [s.logprobs for s in joining]
+            )
         except ValueError as error:  # the HTTP layer checks first: this is a last line, never a crash
             for submission in joining:
                 submission.on_event(Event([], "error", error=str(error)))

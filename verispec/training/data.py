@@ -57,7 +57,10 @@ def train_tokenizer(files: list[Path], vocab_size: int = 8192):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator((read_text(p) for p in files), trainer=trainer)
     return tokenizer
@@ -86,16 +89,26 @@ def prepare_data(out: str | Path, vocab_size: int = 8192, root: str | Path | Non
     root = Path(root or sysconfig.get_paths()["stdlib"])
     train_files, held_files = split_corpus(root)
     if not train_files or not held_files:
-        raise ValueError(f"root {root}: need .py files in both splits, found {len(train_files)} train / {len(held_files)} held-out")
+        raise ValueError(
+            f"root {root}: need .py files in both splits, found {len(train_files)} train / {len(held_files)} held-out"
+        )
     tokenizer = train_tokenizer(train_files, vocab_size)
     tokenizer.save(str(out / "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": None, "model_max_length": 4096}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "bos_token": None,
+        "model_max_length": 4096,
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1) + "\n")
     for name, files in (("train", train_files), ("heldout", held_files)):
         tokenize_files(tokenizer, files).tofile(out / f"{name}.bin")
     split = {
-        "root": str(root), "python": sys.version.split()[0], "held_out_percent": HELD_OUT_PERCENT,
-        "train_files": len(train_files), "heldout_files": [p.relative_to(root).as_posix() for p in held_files],
+        "root": str(root),
+        "python": sys.version.split()[0],
+        "held_out_percent": HELD_OUT_PERCENT,
+        "train_files": len(train_files),
+        "heldout_files": [p.relative_to(root).as_posix() for p in held_files],
     }
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return out

@@ -60,7 +60,9 @@ def _chunk_path(out: Path, chunk: int) -> Path:
     return out / f"chunk-{chunk:05d}.npz"
 
 
-def spec_for(target_dir: str | Path, data: str | Path, split: str, seq_len: int, top_k: int, chunk_windows: int) -> TeacherSpec:
+def spec_for(
+    target_dir: str | Path, data: str | Path, split: str, seq_len: int, top_k: int, chunk_windows: int
+) -> TeacherSpec:
     from .data import load_tokens
 
     weights = sorted(Path(target_dir).glob("*.safetensors"))
@@ -70,22 +72,39 @@ def spec_for(target_dir: str | Path, data: str | Path, split: str, seq_len: int,
     windows = (len(tokens) - 1) // seq_len
     if windows < 1:
         raise ValueError(f"{data}: the {split} split has {len(tokens)} tokens, fewer than one window of {seq_len} + 1")
-    return TeacherSpec(_sha(weights), _sha([Path(data) / f"{split}.bin"]), split, seq_len, top_k, windows, chunk_windows)
+    return TeacherSpec(
+        _sha(weights), _sha([Path(data) / f"{split}.bin"]), split, seq_len, top_k, windows, chunk_windows
+    )
 
 
 @torch.no_grad()
-def teacher_top_k(target: torch.nn.Module, inputs: torch.Tensor, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def teacher_top_k(
+    target: torch.nn.Module, inputs: torch.Tensor, top_k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """inputs [B, L] -> (ids [B, L, K] uint16, logp [B, L, K] float16, rest_logp [B, L] float32)."""
     logp = F.log_softmax(target(inputs).float(), dim=-1)  # [B, L, V]
     top_logp, top_ids = logp.topk(top_k, dim=-1)  # [B, L, K], most likely first
     rest = logp.scatter(-1, top_ids, float("-inf")).logsumexp(dim=-1)  # [B, L] log of the mass outside the top k
-    return (top_ids.to(torch.int32).cpu().numpy().astype(np.uint16), top_logp.cpu().numpy().astype(np.float16),
-            rest.clamp_min(-80.0).cpu().numpy().astype(np.float32))
+    return (
+        top_ids.to(torch.int32).cpu().numpy().astype(np.uint16),
+        top_logp.cpu().numpy().astype(np.float16),
+        rest.clamp_min(-80.0).cpu().numpy().astype(np.float32),
+    )
 
 
-def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Path, split: str = "train", seq_len: int = 1024,
-                        top_k: int = 32, chunk_windows: int = 64, batch_size: int = 4, dtype: str = "float32",
-                        max_seconds: float = 0.0, progress: bool = True) -> tuple[Path, int]:
+def build_teacher_cache(
+    target_dir: str | Path,
+    data: str | Path,
+    out: str | Path,
+    split: str = "train",
+    seq_len: int = 1024,
+    top_k: int = 32,
+    chunk_windows: int = 64,
+    batch_size: int = 4,
+    dtype: str = "float32",
+    max_seconds: float = 0.0,
+    progress: bool = True,
+) -> tuple[Path, int]:
     """Compute the chunks of out that are missing; (out, chunks still missing). With
     max_seconds > 0 it stops after the chunk that crosses that time (run it again to go on)."""
     from tqdm import tqdm
@@ -94,7 +113,10 @@ def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Pat
     from .data import load_tokens, tokenizer_vocab_size
 
     if top_k < 1 or seq_len < 1 or chunk_windows < 1 or batch_size < 1:
-        raise ValueError(f"top_k, seq_len, chunk_windows and batch_size must be >= 1, got {top_k}, {seq_len}, {chunk_windows}, {batch_size}")
+        raise ValueError(
+            f"top_k, seq_len, chunk_windows and batch_size must be >= 1, got {top_k}, {seq_len}, {chunk_windows}, "
+            f"{batch_size}"
+        )
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     out = Path(out)
@@ -103,8 +125,12 @@ def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Pat
     if manifest.exists():
         existing = json.loads(manifest.read_text())
         if existing != asdict(spec):
-            changed = sorted(key for key in existing.keys() | asdict(spec).keys() if existing.get(key) != asdict(spec).get(key))
-            raise ValueError(f"{out}: a teacher cache made from something else (differs in {', '.join(changed)}); use another --out")
+            changed = sorted(
+                key for key in existing.keys() | asdict(spec).keys() if existing.get(key) != asdict(spec).get(key)
+            )
+            raise ValueError(
+                f"{out}: a teacher cache made from something else (differs in {', '.join(changed)}); use another --out"
+            )
     out.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps(asdict(spec), indent=1) + "\n")
     missing = [c for c in range(spec.chunks) if not _chunk_path(out, c).exists()]
@@ -113,11 +139,15 @@ def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Pat
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = load_pretrained(target_dir, device=device).eval()
     if target.config.vocab_size < tokenizer_vocab_size(data) or target.config.vocab_size > 65536:
-        raise ValueError(f"{target_dir}: vocabulary {target.config.vocab_size} does not fit the data's tokenizer or uint16 ids")
+        raise ValueError(
+            f"{target_dir}: vocabulary {target.config.vocab_size} does not fit the data's tokenizer or uint16 ids"
+        )
     tokens = load_tokens(data, split)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     started = time.perf_counter()
-    bar = tqdm(total=spec.chunks, initial=spec.chunks - len(missing), disable=not progress, unit="chunk", dynamic_ncols=True)
+    bar = tqdm(
+        total=spec.chunks, initial=spec.chunks - len(missing), disable=not progress, unit="chunk", dynamic_ncols=True
+    )
     for done, chunk in enumerate(missing):
         first, last = chunk * chunk_windows, min((chunk + 1) * chunk_windows, spec.windows)
         parts = []
@@ -128,8 +158,12 @@ def build_teacher_cache(target_dir: str | Path, data: str | Path, out: str | Pat
                 parts.append(teacher_top_k(target, inputs, top_k))
         path = _chunk_path(out, chunk)
         partial = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(partial, ids=np.concatenate([p[0] for p in parts]), logp=np.concatenate([p[1] for p in parts]),
-                 rest_logp=np.concatenate([p[2] for p in parts]))
+        np.savez(
+            partial,
+            ids=np.concatenate([p[0] for p in parts]),
+            logp=np.concatenate([p[1] for p in parts]),
+            rest_logp=np.concatenate([p[2] for p in parts]),
+        )
         os.replace(partial, path)  # atomic: a chunk is there whole or not at all
         bar.update(1)
         if max_seconds and time.perf_counter() - started > max_seconds:
@@ -152,7 +186,10 @@ class TeacherCache:
             raise ValueError(f"{path}: not a teacher cache ({error})") from None
         missing = [c for c in range(self.spec.chunks) if not _chunk_path(path, c).exists()]
         if missing:
-            raise ValueError(f"{path}: {len(missing)} of {self.spec.chunks} chunks missing (run 'verispec train teacher' again to finish it)")
+            raise ValueError(
+                f"{path}: {len(missing)} of {self.spec.chunks} chunks missing (run 'verispec train teacher' again to "
+                "finish it)"
+            )
         if _sha([Path(data) / f"{self.spec.split}.bin"]) != self.spec.data_sha:
             raise ValueError(f"{path}: made from other data than {data}/{self.spec.split}.bin")
         chunks = [np.load(_chunk_path(path, c)) for c in range(self.spec.chunks)]
@@ -183,6 +220,8 @@ def distill_loss(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor, re
     which is zero only when q matches p on the top k and on the rest's total."""
     logq = F.log_softmax(logits.float(), dim=-1)  # [B, T, V]
     logq_top = logq.gather(-1, ids)  # [B, T, K]
-    logq_rest = logq.scatter(-1, ids, float("-inf")).logsumexp(dim=-1).clamp_min(-80.0)  # [B, T], floored as the teacher's
+    logq_rest = (
+        logq.scatter(-1, ids, float("-inf")).logsumexp(dim=-1).clamp_min(-80.0)
+    )  # [B, T], floored as the teacher's
     kl = (logp.exp() * (logp - logq_top)).sum(-1) + rest_logp.exp() * (rest_logp - logq_rest)
     return kl.mean()

@@ -73,7 +73,9 @@ def batch_at(tokens: torch.Tensor, step: int, cfg: TrainConfig) -> torch.Tensor:
     return torch.stack([tokens[s : s + cfg.seq_len + 1] for s in starts.tolist()])
 
 
-def loss_on(model: LlamaForCausalLM, batch: torch.Tensor, teacher: LlamaForCausalLM | None, temperature: float) -> torch.Tensor:
+def loss_on(
+    model: LlamaForCausalLM, batch: torch.Tensor, teacher: LlamaForCausalLM | None, temperature: float
+) -> torch.Tensor:
     inputs, labels = batch[:, :-1], batch[:, 1:]
     logits = model(inputs)
     if teacher is None:
@@ -106,7 +108,9 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95)
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
     )
     step, log, best = 0, [], {"step": None, "heldout_loss": math.inf, "heldout_beta": -math.inf}
     checkpoint, best_path = out / "checkpoint.pt", out / "best.pt"
@@ -123,8 +127,19 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
     run_started, first_step, stopped = time.perf_counter(), step, False
 
     def save_checkpoint() -> None:
-        _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "log": log, "best": best, "train_config": asdict(cfg)}, checkpoint)
+        _atomic_save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "log": log,
+                "best": best,
+                "train_config": asdict(cfg),
+            },
+            checkpoint,
+        )
 
+    timed_from = (first_step, 0.0)  # replaced past the first steps' warm-up, before it is read
     while step < cfg.steps:
         if cfg.max_seconds and step == first_step + 60:  # fit the cosine schedule into the time left
             steps = _steps_within(cfg.max_seconds, step, time.perf_counter() - run_started, timed_from)
@@ -134,7 +149,11 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
             save_checkpoint()
             break
         if cfg.stop_after and time.perf_counter() - run_started > cfg.stop_after:
-            print(f"stopping at step {step} of {cfg.steps}: --stop-after {cfg.stop_after:g} reached; run it again to go on", flush=True)
+            print(
+                f"stopping at step {step} of {cfg.steps}: --stop-after {cfg.stop_after:g} reached; run it again to go "
+                "on",
+                flush=True,
+            )
             save_checkpoint()
             stopped = True
             break
@@ -143,7 +162,9 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
             group["lr"] = learning_rate(step, cfg)
         with autocast:
             if cache is not None:
-                inputs, ids, logp, rest = (t.to(device) for t in cache.batch(step, cfg.batch_size, cfg.seed, cfg.seq_len))
+                inputs, ids, logp, rest = (
+                    t.to(device) for t in cache.batch(step, cfg.batch_size, cfg.seed, cfg.seq_len)
+                )
                 loss = distill_loss(model(inputs), ids, logp, rest)
             else:
                 loss = loss_on(model, batch_at(tokens, step, cfg).to(device), teacher, cfg.distill_temperature)
@@ -170,9 +191,17 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
                 log[-1].update(beta_greedy=beta[0], beta_t1=beta[1])
                 line += f" beta T=0 {beta[0]:.4f} T=1 {beta[1]:.4f}"
             print(f"{line} tok/s {tokens_per_step / elapsed:.0f}", flush=True)
-            better = (beta[0] + beta[1]) / 2 > best.get("heldout_beta", -math.inf) if beta is not None else heldout < best["heldout_loss"]
+            better = (
+                (beta[0] + beta[1]) / 2 > best.get("heldout_beta", -math.inf)
+                if beta is not None
+                else heldout < best["heldout_loss"]
+            )
             if better:
-                best = {"step": step, "heldout_loss": heldout, **({"heldout_beta": (beta[0] + beta[1]) / 2} if beta is not None else {})}
+                best = {
+                    "step": step,
+                    "heldout_loss": heldout,
+                    **({"heldout_beta": (beta[0] + beta[1]) / 2} if beta is not None else {}),
+                }
                 _atomic_save({"model": model.state_dict(), **best}, best_path)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_checkpoint()
@@ -181,7 +210,18 @@ def train(model_config: LlamaConfig, cfg: TrainConfig, progress: bool = True) ->
         model.load_state_dict(torch.load(best_path, weights_only=False, map_location=device)["model"])
     model.eval().cpu()
     save_pretrained(model, out / "model", max_shard_bytes=50_000_000, tokenizer_from=cfg.data)
-    (out / "train_log.json").write_text(json.dumps({"train_config": asdict(cfg), "steps_run": step, "stopped_before_the_end": stopped, "best": best, "log": log}) + "\n")
+    (out / "train_log.json").write_text(
+        json.dumps(
+            {
+                "train_config": asdict(cfg),
+                "steps_run": step,
+                "stopped_before_the_end": stopped,
+                "best": best,
+                "log": log,
+            }
+        )
+        + "\n"
+    )
     return out
 
 
@@ -232,14 +272,18 @@ def held_out_loss(model: LlamaForCausalLM, data: str | Path, seq_len: int = 256,
 
 
 @torch.no_grad()
-def held_out_reference(target: LlamaForCausalLM, data: str | Path, seq_len: int = 256, windows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def held_out_reference(
+    target: LlamaForCausalLM, data: str | Path, seq_len: int = 256, windows: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's distributions on held-out windows, computed once for `held_out_acceptance`:
     (inputs [W, seq_len], p [W, seq_len, V] float16 at temperature 1)."""
     tokens = load_tokens(data, "heldout")
     windows = min(windows, (len(tokens) - 1) // seq_len)
     inputs = torch.stack([tokens[w * seq_len : w * seq_len + seq_len] for w in range(windows)])
     device = next(target.parameters()).device
-    probs = torch.cat([torch.softmax(target(inputs[i : i + 4].to(device)).float(), dim=-1).half().cpu() for i in range(0, windows, 4)])
+    probs = torch.cat(
+        [torch.softmax(target(inputs[i : i + 4].to(device)).float(), dim=-1).half().cpu() for i in range(0, windows, 4)]
+    )
     return inputs, probs
 
 
