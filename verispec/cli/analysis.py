@@ -24,6 +24,7 @@ from .common import (
     needs_draft,
     progress,
     read_prompts,
+    sampling_from,
     sampling_parent,
     seed,
     settings_from,
@@ -322,14 +323,7 @@ def check(args: argparse.Namespace) -> int:
             return fail(f"{flag} must be >= {least}, got {value}")
     if args.json is not None:
         check_writable(args.json, "--json")
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        seed=args.seed,
-        sampling=args.sampling,
-    )
+    params = sampling_from(args)
     from ..pair import HELDOUT_PROMPTS
 
     prompts_file = str(HELDOUT_PROMPTS) if args.prompts is None else args.prompts

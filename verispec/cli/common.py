@@ -233,6 +233,12 @@ def settings_from(args: argparse.Namespace, **given) -> Settings:
     return Settings(**{**values, **given})
 
 
+def sampling_from(args: argparse.Namespace, **given) -> SamplingParams:
+    """The sampling flags of `sampling_parent` as SamplingParams; `given` adds or overrides fields."""
+    flags = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    return SamplingParams(**{**flags, "sampling": args.sampling, **given})
+
+
 def needs_draft(settings: Settings, command: str) -> None:
     """A one-line error when a command that measures a draft against its target has none."""
     if settings.draft_spec is None:

@@ -15,7 +15,6 @@ from functools import partial
 from pathlib import Path
 
 from .. import assemble
-from ..config import SamplingParams
 from ..engine import Batch
 from ..server.protocol import find_stop, safe_prefix
 from ..stats import SpecStats
@@ -26,6 +25,7 @@ from .common import (
     fail,
     models_parent,
     read_prompts,
+    sampling_from,
     sampling_parent,
     seed,
     settings_from,
@@ -84,16 +84,8 @@ def run(args: argparse.Namespace) -> int:
     say = assemble.to_stderr()
     target, tokenizer = assemble.load_target(settings, say)
     drafter = None if args.no_speculation else assemble.load_drafter(settings, target, say)
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        stop_token_ids=() if args.ignore_eos else assemble.eos_ids(target),
-        sampling=args.sampling,
-    )
+    stops = () if args.ignore_eos else assemble.eos_ids(target)
+    params = sampling_from(args, max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
     if any(row_settings):  # a --prompts line's own settings override the flags for its row
         params = [replace(params, **row) for row in row_settings]
     prompt_ids = [tokenizer.encode(text).ids for text in texts]
