@@ -588,7 +588,7 @@ def test_a_full_queue_answers_503_at_once_and_the_rest_complete(pair):
 
 def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(pair):
     """`--k auto`: the scheduler times passes at every batch size and k before it takes a
-    request (profiler.calibrate), leaves its batch empty, and then serves plain decoding's tokens."""
+    request (analysis.profile.calibrate), leaves its batch empty, and then serves plain decoding's tokens."""
     from verispec.policy import AdaptiveLength
     from verispec.server.run import build, start_in_thread
 

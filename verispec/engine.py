@@ -443,7 +443,7 @@ def generate(
     `drafter` follows the `Drafter` protocol. `params` is one `SamplingParams` for every row
     or one per prompt (each row its own settings, budget, stop tokens and seed: `RowSampling`).
     `k` is a draft length or a policy that picks one before every iteration
-    (control.AdaptiveLength). Rows accept different counts per step; a row stops exactly at
+    (policy.AdaptiveLength). Rows accept different counts per step; a row stops exactly at
     its max_new_tokens or at one of its stop tokens (which it includes) and then leaves the
     batch. A `Batch` whose requests all start at once.
     """

@@ -128,7 +128,7 @@ class Scheduler:
     def start(self) -> None:
         """Start the loop's thread and return once it is ready: with `--k auto` it first
         calibrates (passes at every batch size and k, timed before any request:
-        profiler.calibrate). The calibration runs on the loop's own thread, as every later pass
+        analysis.profile.calibrate). The calibration runs on the loop's own thread, as every later pass
         does: llama.cpp's OpenMP keeps a team of threads per calling thread, and passes after a
         calibration on another thread ran about 10% slower at one row (two teams on the cores)."""
         self._thread.start()
