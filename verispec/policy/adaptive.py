@@ -35,7 +35,7 @@ class PolicySettings:
     window: int = 9  # an iteration's time is the median of the last `window` timed passes at (batch, k)
     horizon: int = 400  # passes after which evidence is dropped (so a k left alone is measured again)
     spread_floor: float = 0.05  # the least relative spread of one timed pass
-    prior_uncertainty: float = 0.1  # relative uncertainty of a time predicted by a calibration or a profile
+    prior_uncertainty: float = 0.05  # relative uncertainty of a time predicted by a calibration or a profile
     default_uncertainty: float = 0.5  # ... by the default shape (no calibration, no profile)
 
     def __post_init__(self) -> None:
