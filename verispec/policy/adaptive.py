@@ -7,8 +7,9 @@ optimistic throughput, from:
 - seconds[k] and its uncertainty: the median of the recent passes at (B, k) where there are some
   (`estimates.Times`: uncertainty = spread / sqrt(n), at least `spread_floor` / sqrt(n)); else the cost
   model's prediction, fitted to the times measured lately at B (to older ones where there are none
-  lately): a calibration's shape, else a line over k, else the profile's shape (theory's r(k+1) + k c),
-  uncertain by `prior_uncertainty` (`default_uncertainty` where only the default shape is known).
+  lately): a calibration's shape (corrected per k by recent passes at any batch size), else a line over
+  k, else the profile's shape (theory's r(k+1) + k c), uncertain by `prior_uncertainty`
+  (`default_uncertainty` where only the default shape is known, or a calibrated k has not run lately).
 Three kinds of pass are not timed, since their seconds say nothing of the steady cost at (B, k): the
 first pass of each shape (llama.cpp sizes its buffers), a pass right after rows joined or left, and a
 drafting pass right after plain ones (a model draft first reads every token committed meanwhile).
@@ -79,6 +80,7 @@ class AdaptiveLength:
         self.acceptance = Rates(self.k_max, s.prior_alpha, s.prior_betas, s.memory, s.horizon)
         self.goes_on: dict[int, Rates] = {}  # by batch size: does a draft allowed past position i propose it
         self.times = Times(s.window, s.horizon)
+        self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's
         self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
         self.passes = 0
         self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
@@ -105,27 +107,44 @@ class AdaptiveLength:
         seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
         fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]
         predicted, prior_u = self._predicted_seconds(batch, fresh or [(k, m[0]) for k, m in enumerate(seen) if m])
-        seconds, uncertainty = list(predicted), [prior_u] * (self.k_max + 1)
+        seconds, uncertainty = list(predicted), list(prior_u)
         for k, m in enumerate(seen):
             if m is not None and m[1] > 0:  # measured lately
                 seconds[k], uncertainty[k] = m[0], max(m[2], s.spread_floor) / math.sqrt(m[1])
         return tokens, seconds, uncertainty
 
-    def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], float]:
+    def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
         """Seconds at k = 0..k_max by the cost model, fitted to the (k, seconds) known at this batch size, and
-        their uncertainty: a calibration's times scaled to the known ones; else the least-squares line over k
-        through them (two or more); else the profile's or the default shape, scaled to them."""
+        their uncertainty: a calibration's times, corrected per k by how recent passes at any batch size ran
+        against them (`drift`), then scaled to the known ones; else the least-squares line over k through
+        them (two or more); else the profile's or the default shape, scaled to them."""
         s = self.settings
         if self.shape.source != "calibration" and len({k for k, _ in known}) >= 2:
             mean_k = sum(k for k, _ in known) / len(known)
             mean_t = sum(t for _, t in known) / len(known)
             slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
-            return [max(mean_t + slope * (k - mean_k), 1e-9) for k in range(self.k_max + 1)], s.prior_uncertainty
+            line = [max(mean_t + slope * (k - mean_k), 1e-9) for k in range(self.k_max + 1)]
+            return line, [s.prior_uncertainty] * len(line)
         shape = self.shape.seconds(batch)
+        prior_u = [s.default_uncertainty if self.shape.source == "default" else s.prior_uncertainty] * len(shape)
+        if self.shape.source == "calibration":
+            drift, measured = self.drift()
+            shape = [x * d for x, d in zip(shape, drift)]
+            prior_u = [s.prior_uncertainty if m else s.default_uncertainty for m in measured]
         ratios = [t / shape[k] for k, t in known if shape[k] > 0]
         scale = statistics.median(ratios) if ratios else 1.0
-        prior_u = s.default_uncertainty if self.shape.source == "default" else s.prior_uncertainty
         return [x * scale for x in shape], prior_u
+
+    def drift(self) -> tuple[list[float], list[bool]]:
+        """Per k, the median ratio of recent passes' seconds at any batch size to the calibration's, and whether
+        k ran lately; a k that did not takes the median over the ks that did (1 where none did), and its
+        prediction the default uncertainty: a calibration runs short rows without a server's other work, and
+        its error differs between plain and drafting passes."""
+        seen = [self._drift.get(0, k, self.passes) for k in range(self.k_max + 1)]
+        measured = [m is not None and m[1] > 0 for m in seen]
+        fresh = [m[0] for m, ok in zip(seen, measured) if ok]
+        pooled = statistics.median(fresh) if fresh else 1.0
+        return [m[0] if ok else pooled for m, ok in zip(seen, measured)], measured
 
     # ---- the policy
 
@@ -147,6 +166,8 @@ class AdaptiveLength:
         timed = (batch, cap) in self._shapes and last_batch in (0, batch) and not (cap > 0 and last_cap == 0)
         if timed:
             self.times.add(batch, cap, draft_s + target_s, self.passes)
+            if self.shape.source == "calibration":
+                self._drift.add(0, cap, (draft_s + target_s) / self.shape.seconds(batch)[cap], self.passes)
         self._shapes.add((batch, cap))
         self._last = (batch, cap)
         self.passes += 1
