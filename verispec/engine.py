@@ -365,13 +365,13 @@ class Batch:
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
         k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
-        if k > 0 and getattr(
-            drafter, "joined_unread", 0
-        ):  # rows joined since the last drafting pass: the draft reads them now
+        joined_s = 0.0  # rows joined since the last drafting pass: the draft reads them now (a cost of drafting)
+        if k > 0 and getattr(drafter, "joined_unread", 0):
             started = time.perf_counter()
             drafter.read_joined()
             sync(device)
-            stats.prefill_time_s += time.perf_counter() - started
+            joined_s = time.perf_counter() - started
+            stats.prefill_time_s += joined_s
         sync(device)
         t0 = time.perf_counter()
         wanted = {row: n for row, (n, on) in enumerate(zip(self.logprobs, self.active)) if n is not None and on}
@@ -409,7 +409,7 @@ class Batch:
         self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
         self.stepper.commit(accepted, self.pending, live)
         self._leave(finished)
-        policy.observe(k, beta_sums, verified, t1 - t0, time.perf_counter() - t1, batch=rows_now, cap=cap)
+        policy.observe(k, beta_sums, verified, joined_s + t1 - t0, time.perf_counter() - t1, batch=rows_now, cap=cap)
         return chunk
 
     def close(self) -> None:

@@ -9,10 +9,11 @@ optimistic throughput, from:
   model's prediction, fitted to the times measured lately at B (to older ones where there are none
   lately): a calibration's shape (corrected per k by recent passes at any batch size), else a line over
   k, else the profile's shape (theory's r(k+1) + k c), uncertain by `prior_uncertainty`
-  (`default_uncertainty` where only the default shape is known, or a calibrated k has not run lately).
-Three kinds of pass are not timed, since their seconds say nothing of the steady cost at (B, k): the
-first pass of each shape (llama.cpp sizes its buffers), a pass right after rows joined or left, and a
-drafting pass right after plain ones (a model draft first reads every token committed meanwhile).
+  (`default_uncertainty` where only the default shape is known, or a calibration's error for that kind
+  of pass, plain or drafting, has not been measured lately).
+An iteration's seconds are everything its pass cost, the draft's reading of rows that joined included
+(the engine counts it as drafting time): a cost that comes every few passes is part of what a k costs.
+Only the first pass of each shape is not timed (llama.cpp sizes its buffers there).
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ class AdaptiveLength:
         self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
         self.passes = 0
         self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
-        self._last: tuple[int, int] = (0, 0)  # the previous pass's (batch, k)
 
     # ---- estimates
 
@@ -137,14 +137,19 @@ class AdaptiveLength:
 
     def drift(self) -> tuple[list[float], list[bool]]:
         """Per k, the median ratio of recent passes' seconds at any batch size to the calibration's, and whether
-        k ran lately; a k that did not takes the median over the ks that did (1 where none did), and its
-        prediction the default uncertainty: a calibration runs short rows without a server's other work, and
-        its error differs between plain and drafting passes."""
+        it is known: a calibration runs short rows without a server's other work, and its error differs between
+        plain and drafting passes. A k that did not run lately takes the median over the others of its kind
+        (plain, or drafting) and counts as known when there are some; else the median over all (1 if none)."""
         seen = [self._drift.get(0, k, self.passes) for k in range(self.k_max + 1)]
-        measured = [m is not None and m[1] > 0 for m in seen]
-        fresh = [m[0] for m, ok in zip(seen, measured) if ok]
-        pooled = statistics.median(fresh) if fresh else 1.0
-        return [m[0] if ok else pooled for m, ok in zip(seen, measured)], measured
+        ran = {k: m[0] for k, m in enumerate(seen) if m is not None and m[1] > 0}
+        drafting = [d for k, d in ran.items() if k > 0]
+        anywhere = statistics.median(ran.values()) if ran else 1.0
+        drift, known = [], []
+        for k in range(self.k_max + 1):
+            kind = drafting if k > 0 else []
+            drift.append(ran[k] if k in ran else statistics.median(kind) if kind else anywhere)
+            known.append(k in ran or bool(kind))
+        return drift, known
 
     # ---- the policy
 
@@ -162,14 +167,11 @@ class AdaptiveLength:
         cap: int | None = None,
     ) -> None:
         cap = k if cap is None else min(max(cap, k), self.k_max)
-        last_batch, last_cap = self._last
-        timed = (batch, cap) in self._shapes and last_batch in (0, batch) and not (cap > 0 and last_cap == 0)
-        if timed:
+        if (batch, cap) in self._shapes:  # the first pass of a shape sizes buffers: not timed
             self.times.add(batch, cap, draft_s + target_s, self.passes)
             if self.shape.source == "calibration":
                 self._drift.add(0, cap, (draft_s + target_s) / self.shape.seconds(batch)[cap], self.passes)
         self._shapes.add((batch, cap))
-        self._last = (batch, cap)
         self.passes += 1
         if cap > 0:  # did the draft go on past each position it was allowed past
             goes_on = self.goes_on.setdefault(
@@ -183,5 +185,4 @@ class AdaptiveLength:
     def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
         """A calibration (profile.calibrate): t_target by the positions of a pass, t_draft by (batch, k).
         It becomes the prior shape of an iteration's time; acceptance is untouched."""
-        self.shape.target.update(target)
-        self.shape.draft.update(draft)
+        self.shape.seed(target, draft)

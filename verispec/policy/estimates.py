@@ -2,8 +2,8 @@
 
 - `Rates`: a probability per draft position (acceptance, or whether a draft goes on past a
   position) over the last `memory` passes that observed it, so that it follows a changing workload.
-- `Times`: an iteration's seconds by (batch size, k), the median of the last `window` passes, with a
-  robust relative spread.
+- `Times`: an iteration's seconds by (batch size, k), the mean of the last `window` passes (each clipped
+  at twice their median), with a robust relative spread.
 Evidence older than `horizon` passes is dropped: a k whose time is that old is predicted by the cost model
 from the times measured lately, acceptance returns to its prior, and either is measured again if that
 could pay. Between those moments the estimates stand still, so the choice does not dither.
@@ -59,16 +59,18 @@ class Rates:
 class Times:
     """Seconds of an iteration by (batch size, k): median, count and relative spread of the recent ones."""
 
-    def __init__(self, window: int, horizon: int):
-        self.window, self.horizon = window, horizon
+    def __init__(self, window: int, horizon: int, clip: float = 2.0):
+        self.window, self.horizon, self.clip = window, horizon, clip
         self._seen: dict[tuple[int, int], deque[tuple[float, int]]] = {}
 
     def add(self, batch: int, k: int, seconds: float, at: int) -> None:
         self._seen.setdefault((batch, k), deque(maxlen=self.window)).append((seconds, at))
 
     def get(self, batch: int, k: int, now: int) -> tuple[float, int, float] | None:
-        """(median, n, relative spread) of the times at (batch, k) within the horizon; n = 0 and the median of
-        the last ones seen where all are older; None where there are none. The spread is the median absolute
+        """(mean, n, relative spread) of the times at (batch, k) within the horizon, each time clipped at `clip`
+        times their median; n = 0 and the median of the last ones seen where all are older; None where there
+        are none. A mean, since a cost that comes every few passes (a draft reading a joined prompt) is part
+        of what k costs; clipped, so that a stall does not decide. The spread is the median absolute
         deviation scaled to a normal sigma, over the median."""
         seen = self._seen.get((batch, k))
         if not seen:
@@ -77,8 +79,9 @@ class Times:
         if not values:
             return statistics.median(s for s, _ in seen), 0, 0.0
         middle = statistics.median(values)
+        mean = statistics.fmean(min(v, self.clip * middle) for v in values)
         spread = 1.4826 * statistics.median(abs(v - middle) for v in values) / middle if middle > 0 else 0.0
-        return middle, len(values), spread
+        return mean, len(values), spread
 
 
 class CostShape:
@@ -95,12 +98,24 @@ class CostShape:
         self.k_max, self.c, self.r, self.r_batch, self.default_c = k_max, c, r, r_batch, default_c
         self.target: dict[int, float] = {}  # a calibration's seconds of a target pass, by positions in it
         self.draft: dict[tuple[int, int], float] = {}  # its seconds of a drafting pass, by (batch, k)
+        self._by_batch: dict[int, list[float]] = {}  # seconds(batch), computed once per batch size
+
+    def seed(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
+        """A calibration's times (profile.calibrate)."""
+        self.target.update(target)
+        self.draft.update(draft)
+        self._by_batch.clear()
 
     @property
     def source(self) -> str:
         return "calibration" if self.target else "profile" if self.c is not None else "default"
 
     def seconds(self, batch: int) -> list[float]:
+        if batch not in self._by_batch:
+            self._by_batch[batch] = self._seconds(batch)
+        return self._by_batch[batch]
+
+    def _seconds(self, batch: int) -> list[float]:
         if self.target:
             return [
                 _interpolate(self.target, batch * (k + 1)) + (self._draft(batch, k) if k else 0.0)
