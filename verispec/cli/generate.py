@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     say = assemble.to_stderr()
     target, tokenizer = assemble.load_target(settings, say)
     drafter = None if args.no_speculation else assemble.load_drafter(settings, target, say)
-    stops = () if args.ignore_eos else assemble.eos_ids(target)
-    params = sampling_from(args, max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
+    eos = () if args.ignore_eos else assemble.eos_ids(target)
+    params = sampling_from(args, max_new_tokens=args.max_new_tokens, stop_token_ids=eos)
     if any(row_settings):  # a --prompts line's own settings override the flags for its row
         params = [replace(params, **row) for row in row_settings]
     prompt_ids = [tokenizer.encode(text).ids for text in texts]
