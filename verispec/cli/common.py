@@ -189,8 +189,8 @@ def draft_length_parent(refuse_above: bool = True) -> argparse.ArgumentParser:
 
 
 def confidence_parent() -> argparse.ArgumentParser:
-    """--confidence-threshold: off unless given, with `--k auto` too (BENCHMARKS.md: `auto` served
-    no better with a stop than without it)."""
+    """--confidence-threshold: off unless given, with `--k auto` too: a stop chosen per pass by the draft's
+    own confidence competes with the policy's choice of k."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--confidence-threshold",

@@ -142,9 +142,9 @@ class LlamaCppModel:
         bf16, q8_0, q4_0, q5_0, iq4_nl on x86; read from the file). The K-quants, q4_1, q5_1 and the
         IQ types then always take their dot-product kernels (with ggml's tiled product off), so a
         plain pass needs no placeholder until flash attention would split a query's cells
-        (SPLIT_KV_FROM): on files that sit in the caches a placeholder costs 1.5-2x a one-token
-        pass (BENCHMARKS.md). Measuring instead (a one-token pass against a two-token one) was
-        tried and was not enough: sgemm's results also change between 2 and 3 columns."""
+        (SPLIT_KV_FROM), where a placeholder would make every plain pass a two-token one. Comparing
+        a one-token pass with a two-token one would not do: sgemm's results also change between 2
+        and 3 columns."""
         if self._agrees is None:
             try:
                 from gguf import GGUFReader
