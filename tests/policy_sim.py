@@ -3,7 +3,10 @@
 Each pass the policy chooses k; each of `batch` rows accepts draft positions one by one with
 probability alpha until the first rejection (greedy betas: 1 for an accepted position, 0 for the
 first rejected one) and commits the accepted tokens plus one; the pass takes seconds[k] times
-lognormal noise, with rare stalls. Throughput is committed tokens over seconds.
+lognormal noise, with rare stalls. Optionally each request ends after `request_tokens` tokens and is
+replaced at once, and the draft reads each new one at its next drafting pass (`join_s`, reported as
+joined_s, not in the pass's time; plain passes leave it for later). Throughput is committed tokens over
+seconds.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ class Machine:
     batch: int = 1
     noise: float = 0.1  # sigma of the lognormal noise on every pass
     stall: float = 0.0  # chance that a pass takes ten times as long
+    join_s: float = 0.0  # seconds the draft takes to read one request that joined
+    request_tokens: int = 0  # tokens of a request (0: requests never end)
 
     def expected_throughput(self, k: int) -> float:
-        """Tokens per second of fixed k, noise and stalls included."""
+        """Tokens per second of fixed k, noise, stalls and the draft's reading of joined requests included."""
+        tokens = self.batch * sum(self.alpha**i for i in range(k + 1))
         mean_time = self.seconds[k] * math.exp(self.noise**2 / 2) * (1 + 9 * self.stall)
-        return self.batch * sum(self.alpha**i for i in range(k + 1)) / mean_time
+        if k > 0 and self.request_tokens:
+            mean_time += tokens / self.request_tokens * self.join_s
+        return tokens / mean_time
 
     def best_k(self) -> int:
         return max(range(len(self.seconds)), key=self.expected_throughput)
@@ -34,12 +42,14 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
     """Drive `policy` for `passes` passes; machines: (first pass, machine) in order (a change of machine
     at a pass). Returns (throughput over all passes, the k chosen at each pass)."""
     rng = random.Random(seed)
-    tokens = seconds = 0.0
+    tokens = seconds = served = 0.0  # served: tokens of the requests running, toward their end
+    joined = 0  # requests that joined since the last drafting pass
     chosen = []
     for n in range(passes):
         machine = [m for start, m in machines if start <= n][-1]
         k = policy.choose(machine.batch)
         beta_sums, verified = [0.0] * k, [0] * k
+        before = tokens
         for _ in range(machine.batch):
             accepted = 0
             while accepted < k:
@@ -51,7 +61,15 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
             tokens += accepted + 1
         t = machine.seconds[k] * math.exp(machine.noise * rng.gauss(0, 1))
         t *= 10 if rng.random() < machine.stall else 1
-        policy.observe(k, beta_sums, verified, 0.0, t, batch=machine.batch, cap=k)
-        seconds += t
+        joined_s = 0.0
+        if k > 0:
+            joined_s, joined = machine.join_s * min(joined, machine.batch), 0
+        committed = int(tokens - before)
+        if machine.request_tokens:
+            served += committed
+            joined += int(served // machine.request_tokens)
+            served %= machine.request_tokens
+        policy.observe(k, beta_sums, verified, 0.0, t, machine.batch, k, joined_s=joined_s, committed=committed)
+        seconds += t + joined_s
         chosen.append(k)
     return tokens / seconds, chosen

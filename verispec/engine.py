@@ -365,7 +365,7 @@ class Batch:
         self.finished, self.last_logprobs = [], {}
         rows_now = sum(self.active)
         k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
-        joined_s = 0.0  # rows joined since the last drafting pass: the draft reads them now (a cost of drafting)
+        joined_s = 0.0  # rows joined since the last drafting pass: the draft reads them now (a cost per request)
         if k > 0 and getattr(drafter, "joined_unread", 0):
             started = time.perf_counter()
             drafter.read_joined()
@@ -382,7 +382,7 @@ class Batch:
         t1 = t0 + done.draft_s
         chunk: dict = {}
         finished: list[int] = []  # rows that stop at this step
-        beta_sums, verified = [0.0] * k, [0] * k  # over active rows, for the policy
+        beta_sums, verified, committed = [0.0] * k, [0] * k, 0  # over active rows, for the policy
         for row, (tokens, n, beta_row, request) in enumerate(zip(done.tokens, accepted, done.beta, self.requests)):
             if not self.active[row]:
                 continue
@@ -391,6 +391,7 @@ class Batch:
                 beta_sums[i] += beta_row[i]
                 verified[i] += 1
             params = sampling.params[row]
+            committed += len(tokens)
             tokens, reason = _cut(tokens, params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
             request.generated_tokens += len(tokens)
             request.finish_reason = reason
@@ -409,7 +410,8 @@ class Batch:
         self.pending = torch.tensor(self.pending_ids, device=device)  # [B]
         self.stepper.commit(accepted, self.pending, live)
         self._leave(finished)
-        policy.observe(k, beta_sums, verified, joined_s + t1 - t0, time.perf_counter() - t1, batch=rows_now, cap=cap)
+        target_s = time.perf_counter() - t1
+        policy.observe(k, beta_sums, verified, t1 - t0, target_s, rows_now, cap, joined_s=joined_s, committed=committed)
         return chunk
 
     def close(self) -> None:

@@ -152,9 +152,7 @@ class _Scripted:
     def choose(self, batch: int = 1) -> int:
         return self.k
 
-    def observe(
-        self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1, cap: int | None = None
-    ) -> None:
+    def observe(self, k: int, beta_sums, verified, draft_s: float, target_s: float, batch: int = 1, *_, **__) -> None:
         self.times.append((batch, k, draft_s, target_s))
 
 
@@ -172,8 +170,8 @@ def calibrate(
 
     For each repeat and each size B in `sizes` (interleaved, so that drift lands on every size
     alike): B rows of a synthetic greedy prompt join, then passes at k = 0, 1, 1, 2, ..., k_max
-    (the first drafting pass after a plain one is a model draft's catch-up: its draft time is
-    left out), and the rows are cancelled. Medians, not means: the first pass at a new shape
+    (the draft's reading of the joined prompt is reported apart from the draft time, so it is
+    not in these times), and the rows are cancelled. Medians, not means: the first pass at a new shape
     can cost ten times the others (llama.cpp sizes its buffers). t_target is keyed by the
     positions of a pass, B(k+1); t_draft by (B, k). The batch is left empty, as it was."""
     if len(batch):
@@ -196,14 +194,11 @@ def calibrate(
                     [(7919 * (i + 1) + 104729 * row) % vocab for i in range(prompt_length)] for row in range(size)
                 ]
                 batch.join(prompts, [params] * size, ids)
-                for step, k in enumerate(script):
+                for k in script:
                     if not len(batch):
                         break
                     scripted.k = k
                     batch.step()
-                    if step == 1:  # the catch-up: its draft time says nothing of the cost per token
-                        rows, k_run, _, target_s = scripted.times[-1]
-                        scripted.times[-1] = (rows, k_run, None, target_s)
                 if len(batch):
                     batch.cancel(list(batch.ids), "abort")
     finally:
@@ -212,7 +207,7 @@ def calibrate(
     draft: dict[tuple[int, int], list[float]] = {}
     for rows, k, draft_s, target_s in scripted.times:
         target.setdefault(rows * (k + 1), []).append(target_s)
-        if k > 0 and draft_s is not None:
+        if k > 0:
             draft.setdefault((rows, k), []).append(draft_s)
     policy.seed_costs(
         {n: statistics.median(t) for n, t in target.items()}, {key: statistics.median(t) for key, t in draft.items()}

@@ -11,15 +11,18 @@ optimistic throughput, from:
   k, else the profile's shape (theory's r(k+1) + k c), uncertain by `prior_uncertainty`
   (`default_uncertainty` where only the default shape is known, or a calibration's error for that kind
   of pass, plain or drafting, has not been measured lately).
-An iteration's seconds are everything its pass cost, the draft's reading of rows that joined included
-(the engine counts it as drafting time): a cost that comes every few passes is part of what a k costs.
-Only the first pass of each shape is not timed (llama.cpp sizes its buffers there).
+The draft's reading of rows that joined is a cost per request, the same for every k > 0 and none at
+k = 0 (plain passes leave it for later): it is not in the pass's time, where it would land on whichever k
+happened to run, but measured per committed token over the recent drafting passes and added to every
+drafting arm's seconds as that many seconds per token (`join_cost`). Only the first pass of each shape is
+not timed (llama.cpp sizes its buffers there).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..theory import capped_speedups
@@ -83,6 +86,7 @@ class AdaptiveLength:
         self.times = Times(s.window, s.horizon)
         self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's
         self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
+        self._joins: deque[tuple[float, int]] = deque(maxlen=s.memory)  # (joined_s, committed) per drafting pass
         self.passes = 0
         self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
 
@@ -100,6 +104,11 @@ class AdaptiveLength:
         seen = min(self.goes_on, key=lambda b: (abs(math.log(b / batch)), -b))
         return [1.0 - (1.0 - d) ** (batch / seen) for d in self.goes_on[seen].get(self.passes)]
 
+    def join_cost(self) -> float:
+        """Seconds per committed token the draft spends reading rows that joined, over the recent drafting passes."""
+        tokens = sum(c for _, c in self._joins)
+        return sum(j for j, _ in self._joins) / tokens if tokens else 0.0
+
     def estimates(self, batch: int = 1) -> tuple[list[float], list[float], list[float]]:
         """(tokens, seconds, uncertainty) for k = 0..k_max at this batch size: the decision's inputs."""
         s = self.settings
@@ -111,6 +120,8 @@ class AdaptiveLength:
         for k, m in enumerate(seen):
             if m is not None and m[1] > 0:  # measured lately
                 seconds[k], uncertainty[k] = m[0], max(m[2], s.spread_floor) / math.sqrt(m[1])
+        per_token = self.join_cost()
+        seconds = [t + (per_token * batch * e if k > 0 else 0.0) for k, (t, e) in enumerate(zip(seconds, tokens))]
         return tokens, seconds, uncertainty
 
     def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
@@ -165,6 +176,8 @@ class AdaptiveLength:
         target_s: float,
         batch: int = 1,
         cap: int | None = None,
+        joined_s: float = 0.0,
+        committed: int = 0,
     ) -> None:
         cap = k if cap is None else min(max(cap, k), self.k_max)
         if (batch, cap) in self._shapes:  # the first pass of a shape sizes buffers: not timed
@@ -179,6 +192,8 @@ class AdaptiveLength:
             )
             went = min(k + 1, cap)
             goes_on.add(self.passes, [float(i < k) for i in range(went)], [1.0] * went)
+        if cap > 0:
+            self._joins.append((joined_s, committed))
         if k > 0:
             self.acceptance.add(self.passes, list(beta_sums[:k]), [float(n) for n in verified[:k]])
 

@@ -24,10 +24,14 @@ class DraftLengthPolicy(Protocol):
         target_s: float,
         batch: int = 1,
         cap: int | None = None,
+        joined_s: float = 0.0,
+        committed: int = 0,
     ) -> None:
         """After an iteration of `batch` rows that proposed k tokens: per draft position, the sum of beta over
         the rows' verified positions and their number; the seconds spent drafting and the rest; cap: the draft
-        length chosen for it (None: k), of which a draft may propose fewer."""
+        length chosen for it (None: k), of which a draft may propose fewer; joined_s: the seconds the draft
+        spent reading rows that joined since it last drafted (not in draft_s: a cost per request, not per
+        pass); committed: the tokens the iteration committed over its rows."""
 
 
 @dataclass
@@ -55,5 +59,7 @@ class FixedLength:
         target_s: float,
         batch: int = 1,
         cap: int | None = None,
+        joined_s: float = 0.0,
+        committed: int = 0,
     ) -> None:
         pass

@@ -7,7 +7,6 @@
 Evidence older than `horizon` passes is dropped: a k whose time is that old is predicted by the cost model
 from the times measured lately, acceptance returns to its prior, and either is measured again if that
 could pay. Between those moments the estimates stand still, so the choice does not dither.
-Between those moments the estimates stand still, so the choice does not dither.
 - `CostShape`: the prior shape of an iteration's time over k at a batch size, from a calibration
   (times measured before the first request), else from a cost profile through the refined cost model
   (theory: an iteration costs r(k + 1) + k c target passes), else from a default c.
