@@ -73,3 +73,24 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
         seconds += t + joined_s
         chosen.append(k)
     return tokens / seconds, chosen
+
+
+def replay(policy, matches: list[str], seconds: list[float], new_tokens: int = 64, rounds: int = 10) -> float:
+    """Greedy decoding at one row replayed from a trace (tests/data/greedy_draft_matches.json): requests of
+    `new_tokens` tokens, one per entry of `matches`, in turn, `rounds` times; at temperature 0 a draft of k
+    tokens from position p accepts the run of 1s of matches[p:] up to k. A pass at k takes seconds[k]. Returns
+    throughput, committed tokens over seconds."""
+    tokens = elapsed = 0.0
+    for _ in range(rounds):
+        for match in matches:
+            at = 0
+            while at < new_tokens:
+                k = policy.choose(1)
+                accepted = 0
+                while accepted < k and at + accepted < len(match) and match[at + accepted] == "1":
+                    accepted += 1
+                betas = [1.0] * accepted + ([0.0] if accepted < k else [])
+                policy.observe(k, betas, [1] * len(betas), 0.0, seconds[k], 1, k, committed=accepted + 1)
+                got = min(accepted + 1, new_tokens - at)
+                tokens, elapsed, at = tokens + got, elapsed + seconds[k], at + got
+    return tokens / elapsed

@@ -4,14 +4,18 @@ Exactness: scripted and adaptive draft lengths (k = 0 steps included, so the dra
 tokens pile up and are caught up in one pass) keep the joint distribution of a 3-token continuation
 exact, and greedy output identical to plain decoding. Behaviour, as properties on a simulated machine
 (tests/policy_sim.py): the adaptive policy picks the best k on a stationary cost table, follows a
-change, stays within a stated loss of the best fixed k under noise, and does not draft where no k can
-pay; each property has a negative control that fails it.
+change, stays within a stated loss of the best fixed k under noise and on a replayed greedy trace of the
+built-in pair (tests/data), charges a per-request cost to drafting per token, and does not draft where no k
+can pay; each property has a negative control that fails it.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
-from policy_sim import Machine, run
+from policy_sim import Machine, replay, run
 from stats_helpers import assert_distributed_as
 from test_engine import JOINT_N, JOINT_PROMPT, JOINT_TOKENS, _joint_counts
 
@@ -20,6 +24,7 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
+from verispec.policy.estimates import Rates
 from verispec.stats import SpecStats
 
 
@@ -254,6 +259,32 @@ def test_a_draft_that_stops_on_its_own_is_modelled_by_how_often_it_goes_on():
     tokens, _, _ = policy.estimates()
     assert policy.continues()[2] < 0.1
     assert tokens[4] == pytest.approx(tokens[2], rel=0.05) and tokens[2] > tokens[1]
+
+
+MATCHES = json.loads((Path(__file__).parent / "data" / "greedy_draft_matches.json").read_text())["matches"]
+ONE_ROW_SECONDS = [x / 1e3 for x in (15.8, 17.6, 20.3, 21.2, 24.4, 26.0, 27.8, 29.5, 30.7)]  # k = 0..8, llama.cpp
+
+
+def _share_of_best_on_the_greedy_trace(policy: AdaptiveLength) -> float:
+    """Replayed greedy decoding of the built-in pair at one row (deterministic: no noise), calibrated by the
+    one-row times of the built-in pair on llama.cpp: throughput over the best fixed k's."""
+    policy.seed_costs({k + 1: t for k, t in enumerate(ONE_ROW_SECONDS)}, {})
+    best = max(replay(FixedLength(k), MATCHES, ONE_ROW_SECONDS) for k in range(9))
+    return replay(policy, MATCHES, ONE_ROW_SECONDS) / best
+
+
+def test_acceptance_that_varies_between_requests_does_not_pull_to_long_drafts():
+    """Acceptance differs between requests, and deep positions are observed only while long drafts run, which
+    the policy picks after requests that accepted much: shrunk toward the acceptance pooled over positions,
+    those few observations do not decide, and the policy serves 99% of the best fixed k."""
+    assert _share_of_best_on_the_greedy_trace(AdaptiveLength(k_max=8)) >= 0.99
+
+
+def test_negative_control_per_position_acceptance_that_borrows_the_position_before_loses_more():
+    policy = AdaptiveLength(k_max=8)
+    s = policy.settings
+    policy.acceptance = Rates(8, s.prior_alpha, s.prior_betas, s.memory, s.horizon)  # no pooling
+    assert _share_of_best_on_the_greedy_trace(policy) < 0.99
 
 
 def _reading_joined_requests() -> Machine:

@@ -36,8 +36,9 @@ class PolicySettings:
 
     prior_alpha: float = 0.7  # acceptance at a draft position before any evidence, and where old evidence fades to
     prior_betas: float = 2.0  # that prior counts as this many verified positions
-    memory: int = 200  # acceptance is measured over the last `memory` drafting passes
-    window: int = 9  # an iteration's time is the median of the last `window` timed passes at (batch, k)
+    pooled_betas: float = 10.0  # a position's acceptance is shrunk toward all positions' pooled, worth this many
+    memory: int = 400  # acceptance is measured over the last `memory` drafting passes
+    window: int = 9  # an iteration's time is the clipped mean of the last `window` timed passes at (batch, k)
     horizon: int = 400  # passes after which evidence is dropped (so a k left alone is measured again)
     spread_floor: float = 0.05  # the least relative spread of one timed pass
     prior_uncertainty: float = 0.05  # relative uncertainty of a time predicted by a calibration or a profile
@@ -47,6 +48,7 @@ class PolicySettings:
         checks = {
             "prior_alpha": 0 < self.prior_alpha <= 1,
             "prior_betas": self.prior_betas > 0,
+            "pooled_betas": self.pooled_betas > 0,
             "memory": isinstance(self.memory, int) and self.memory >= 1,
             "window": isinstance(self.window, int) and self.window >= 1,
             "horizon": isinstance(self.horizon, int) and self.horizon >= 1,
@@ -81,7 +83,7 @@ class AdaptiveLength:
         if not isinstance(self.prior_batch, int) or self.prior_batch < 1:
             raise ValueError(f"prior_batch must be an integer >= 1, got {self.prior_batch!r}")
         s = self.settings
-        self.acceptance = Rates(self.k_max, s.prior_alpha, s.prior_betas, s.memory, s.horizon)
+        self.acceptance = Rates(self.k_max, s.prior_alpha, s.prior_betas, s.memory, s.horizon, s.pooled_betas)
         self.goes_on: dict[int, Rates] = {}  # by batch size: does a draft allowed past position i propose it
         self.times = Times(s.window, s.horizon)
         self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's

@@ -1,7 +1,8 @@
 """What the adaptive policy measures, each estimate with its uncertainty.
 
 - `Rates`: a probability per draft position (acceptance, or whether a draft goes on past a
-  position) over the last `memory` passes that observed it, so that it follows a changing workload.
+  position) over the last `memory` passes that observed it, so that it follows a changing workload;
+  acceptance at a position is shrunk toward the acceptance pooled over all positions.
 - `Times`: an iteration's seconds by (batch size, k), the mean of the last `window` passes (each clipped
   at twice their median), with a robust relative spread.
 Evidence older than `horizon` passes is dropped: a k whose time is that old is predicted by the cost model
@@ -21,11 +22,26 @@ from collections import deque
 
 class Rates:
     """Per position i: observed total / count over the last `memory` passes that observed anything, dropped
-    once older than `horizon` passes, with a prior that counts as `prior_weight` observations of the estimate
-    at position i - 1 (of `prior` at position 0), so a deep position seldom observed borrows the one before."""
+    once older than `horizon` passes, shrunk toward a prior that counts as `prior_weight` observations.
 
-    def __init__(self, positions: int, prior: float, prior_weight: float, memory: int, horizon: int):
+    The prior of position i is the estimate at position i - 1 (`prior` at position 0), or, with `pooled_weight`,
+    the rate pooled over every position (itself shrunk toward `prior`), counting as that many observations.
+    Pooling suits acceptance: a deep position
+    is observed only when long drafts ran, which the policy chooses when acceptance was high lately, so its few
+    observations describe a better moment than the shallow positions' many; shrunk toward the pooled rate it
+    carries only as much of that as its evidence supports."""
+
+    def __init__(
+        self,
+        positions: int,
+        prior: float,
+        prior_weight: float,
+        memory: int,
+        horizon: int,
+        pooled_weight: float | None = None,
+    ):
         self.prior, self.prior_weight, self.memory, self.horizon = prior, prior_weight, memory, horizon
+        self.pooled_weight = pooled_weight
         self.sums, self.counts = [0.0] * positions, [0.0] * positions
         self._passes: deque[tuple[int, list[float], list[float]]] = deque()  # (at, totals, counts) per pass
 
@@ -39,10 +55,13 @@ class Rates:
     def get(self, now: int) -> list[float]:
         while self._passes and now - self._passes[0][0] > self.horizon:
             self._drop()
+        pooled = (sum(self.sums) + self.prior * self.prior_weight) / (max(sum(self.counts), 0.0) + self.prior_weight)
+        weight = self.prior_weight if self.pooled_weight is None else self.pooled_weight
         out: list[float] = []
         for s, n in zip(self.sums, self.counts):
             before = out[-1] if out else self.prior
-            out.append(min(max((s + before * self.prior_weight) / (max(n, 0.0) + self.prior_weight), 0.0), 1.0))
+            before = before if self.pooled_weight is None else pooled
+            out.append(min(max((s + before * weight) / (max(n, 0.0) + weight), 0.0), 1.0))
         return out
 
     def _drop(self) -> None:
