@@ -206,6 +206,20 @@ class ModelDrafter:
             return self.model.logits(self.model.hidden_states(ids, self.cache)[rows, last][:, None])
         return self.model(ids, self.cache)[rows, last][:, None]
 
+    def append_pending(self, tokens: list[list[int]]) -> None:
+        """Committed tokens the model did not propose (drafters/combined.py), after each row's pending ones;
+        [] leaves a row as it is. Read at the next proposal, as a plain pass's tokens are."""
+        if not any(tokens):
+            return
+        width = max(count + len(new) for count, new in zip(self.pending_count, tokens))
+        if width > self.pending.shape[1]:
+            more = self.pending.new_zeros(len(tokens), width - self.pending.shape[1])
+            self.pending = torch.cat([self.pending, more], dim=1)
+        for row, (count, new) in enumerate(zip(self.pending_count, tokens)):
+            if new:
+                self.pending[row, count : count + len(new)] = torch.tensor(new, dtype=torch.long)
+        self.pending_count = [count + len(new) for count, new in zip(self.pending_count, tokens)]
+
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         assert self.cache is not None
         k, batch = self._k, len(active)

@@ -107,6 +107,16 @@ class PromptLookupDrafter:
         self._proposal, self._k = proposal, proposal.shape[1]
         return proposal, None
 
+    def confident(self, k: int) -> tuple[torch.Tensor, list[int]]:
+        """For a combined draft (drafters/combined.py): every row's proposal [B, k] and, per row, how many of
+        its tokens the lookup stands behind: k where the row's suffix occurred earlier, else 0."""
+        proposal, found = self.lookup(k)
+        return proposal, [k if hit else 0 for hit in found.tolist()]
+
+    def take(self, proposal: torch.Tensor) -> None:
+        """What this pass proposed [B, k'] when another drafter chose it: commit() appends from it."""
+        self._proposal, self._k = proposal, proposal.shape[1]
+
     def lookup(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's padded proposal [B, k] and whether the row matched [B] bool."""
         width = max(self.host_lengths)
