@@ -124,3 +124,27 @@ class MarkovLM(nn.Module):
                 history.append(token)
             probs[cell] = p
         return probs
+
+
+def toy_text(pieces: list[str], special: tuple[int, ...] = ()):
+    """A TokenText (verispec.models.token_text) over these pieces: id i stands for pieces[i] (its
+    UTF-8 bytes); text is encoded by greedy longest match, so two piece lists tokenize one text
+    differently (drafts with another tokenizer, tests/test_cross_vocab.py)."""
+    from verispec.models.token_text import TokenText
+
+    table = {p: i for i, p in enumerate(pieces) if i not in special}
+    longest = max(len(p) for p in table)
+
+    def encode(text: str) -> list[int]:
+        ids, at = [], 0
+        while at < len(text):
+            for size in range(min(longest, len(text) - at), 0, -1):
+                if text[at : at + size] in table:
+                    ids.append(table[text[at : at + size]])
+                    at += size
+                    break
+            else:
+                raise ValueError(f"{text[at]!r} is no token")
+        return ids
+
+    return TokenText(tuple(p.encode() for p in pieces), frozenset(special), encode)
