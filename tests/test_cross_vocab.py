@@ -209,3 +209,55 @@ def test_draft_text_reencodes_the_committed_text_incrementally():
         spelled = "".join(DRAFT_PIECES[d] for d in text.ids)
         assert spelled == "".join(TARGET_PIECES[t] for t in text.history)
     assert text._anchor[0] > 0  # the anchor moved: only a tail is re-encoded
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in target with a draft of another tokenizer: the built-in draft re-tokenized
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builtin(tmp_path_factory):
+    from toy_models import retokenized_draft
+
+    from verispec.models.checkpoint import load_pretrained, load_tokenizer
+    from verispec.models.token_text import text_of_hf
+    from verispec.pair import DRAFT_DIR, HELDOUT_PROMPTS, TARGET_DIR
+
+    text = (HELDOUT_PROMPTS.read_text())[:20000]
+    directory = retokenized_draft(DRAFT_DIR, tmp_path_factory.mktemp("retokenized") / "draft", text=text)
+    target, draft = load_pretrained(TARGET_DIR), load_pretrained(directory)
+    texts = text_of_hf(load_tokenizer(TARGET_DIR), target.vocab_size), text_of_hf(load_tokenizer(directory))
+    return target, draft, texts, load_tokenizer(TARGET_DIR), directory
+
+
+def test_builtin_target_with_a_retokenized_draft_gives_plain_greedy_output(builtin):
+    target, draft, (target_text, draft_text), tokenizer, _ = builtin
+    made = TokenIntersectionDrafter(draft, draft_text, target_text, target.vocab_size)
+    inter = made.intersection
+    assert 0.5 * len(draft_text) < len(inter) < len(draft_text) == draft.vocab_size < target.vocab_size
+    sources = [
+        "def add(a, b):\n    return a + b\n\n\ndef mul(",
+        "import os\n\nclass Loader:\n    def __init__(self, path",
+    ]
+    prompts = [tokenizer.encode(s).ids for s in sources]
+    assert draft_text.encode(sources[0]) != prompts[0]  # the draft reads other ids
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    stats = SpecStats()
+    assert generate_all(target, prompts, params, made, k=4, stats=stats) == generate_all(target, prompts, params)
+    assert stats.alpha_hat > 0.3, stats.summary()
+
+
+def test_draft_text_of_a_byte_level_bpe_equals_encoding_the_whole_text(builtin):
+    """Re-encoded incrementally from an anchor, the draft ids are those of the whole text (for
+    ordinary text), and a character split across target tokens waits for its last byte."""
+    _, _, (target_text, draft_text), tokenizer, _ = builtin
+    source = "def f(x):\n    # naïve — ünïcode ✓\n    return [y * 2 for y in range(x)]  # done\n" * 3
+    ids = tokenizer.encode(source).ids
+    text = DraftText(target_text, draft_text, intersect(target_text, draft_text).to_draft.tolist(), ids[:3])
+    for at in range(3, len(ids), 2):
+        text.extend(ids[at : at + 2])
+        committed = b"".join(target_text.pieces[t] for t in text.history)
+        spelled = b"".join(draft_text.pieces[d] for d in text.ids)
+        assert committed.startswith(spelled) and len(committed) - len(spelled) < 4
+    assert text.ids == draft_text.encode(source) and text._anchor[0] > 0

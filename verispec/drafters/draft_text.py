@@ -40,8 +40,8 @@ class DraftText:
             self._advance(start, first, ends)
 
     def _encode(self, tokens: list[int]) -> tuple[list[int], dict[int, int], int, bool]:
-        """(draft ids of these target ids' text, where each normal target token ends in it
-        (index after it -> byte offset, special tokens counting no bytes), bytes held back at the
+        """(draft ids of these target ids' text, where each normal target token that completes a
+        character ends in it (index after it -> byte offset, special tokens counting no bytes), bytes held back at the
         end, whether the ids spell the text byte for byte)."""
         pieces, special = self.target.pieces, self.target.special
         ids: list[int] = []
@@ -55,7 +55,8 @@ class DraftText:
                     ids.append(self.to_draft[token])
                 continue
             text += pieces[token] or b""
-            ends[j + 1] = offset + len(text)
+            if not _incomplete_tail(text):  # never inside a character: the text after must decode
+                ends[j + 1] = offset + len(text)
         more, held, ok = self._encode_bytes(text, final=True)
         return ids + more, {j: e for j, e in ends.items() if e <= offset + len(text) - held}, held, exact and ok
 
