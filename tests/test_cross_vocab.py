@@ -261,3 +261,20 @@ def test_draft_text_of_a_byte_level_bpe_equals_encoding_the_whole_text(builtin):
         spelled = b"".join(draft_text.pieces[d] for d in text.ids)
         assert committed.startswith(spelled) and len(committed) - len(spelled) < 4
     assert text.ids == draft_text.encode(source) and text._anchor[0] > 0
+
+
+def test_assemble_picks_the_intersection_drafter_and_says_which_mode(builtin):
+    from verispec.assemble import Settings, load_drafter
+    from verispec.drafters.model import ModelDrafter
+    from verispec.pair import DRAFT_DIR
+
+    target, _, _, _, directory = builtin
+    said = []
+    made = load_drafter(Settings(draft=str(directory), backend="torch"), target, said.append)
+    assert isinstance(made, TokenIntersectionDrafter)
+    line = f"token-level intersection: {len(made.intersection)} of {len(made.draft_text)} draft tokens"
+    assert said == [f"--draft {directory}: {line}"]
+    share = made.mode_line(["def f(x):\n    return x\n", "import os\n"])
+    assert ", share of the draft's probability mass 0." in share
+    same = load_drafter(Settings(draft=str(DRAFT_DIR), backend="torch"), target, said.append)
+    assert isinstance(same, ModelDrafter) and len(said) == 1  # the same vocabulary: nothing to say

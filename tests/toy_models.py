@@ -181,7 +181,8 @@ def retokenized_draft(source, directory, drop_every: int = 3, text: str = ""):
         if a + b not in vocab and a + b not in added and len(added) < 64:
             added[a + b] = a
             spec["model"]["merges"].append([a, b])
-    special = {entry["content"] for entry in spec["added_tokens"]}
+    special = {entry["content"]: entry["id"] for entry in spec["added_tokens"]}
+    vocab = {**vocab, **special}
     order = sorted(
         [t for t in vocab if t not in dropped] + list(added), key=lambda t: (t in special, vocab.get(t, 1e9))
     )

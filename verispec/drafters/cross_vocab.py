@@ -128,6 +128,30 @@ class TokenIntersectionDrafter:
     def vocab_size(self) -> int:
         return self.target_size
 
+    def mode_line(self, texts: list[str] | None = None) -> str:
+        """Which mode the pair runs in, in words; with `texts`, the intersection's share of the
+        draft's probability on them (`intersection_mass`)."""
+        inter = self.intersection
+        line = f"token-level intersection: {len(inter)} of {inter.draft_size} draft tokens"
+        if texts:
+            share = intersection_mass(self.model, self.draft_text, inter, texts)
+            line += f", share of the draft's probability mass {share:.3f} on the prompts"
+        return line
+
+    @torch.no_grad()
+    def chain(self, context: list[int], k: int, sampling: RowSampling) -> tuple[list[int], torch.Tensor]:
+        """Along the most likely proposals after `context` (target ids): (proposals [k] target
+        ids, q [k, V_target] each restricted q), for `check`'s per-position verification."""
+        self.start([context], len(context) + k + 2)
+        logits, proposals, q = self._read(), [], []
+        for i in range(k):
+            if i > 0:
+                fed = self.intersection.to_draft[proposals[-1]].view(1, 1)
+                logits = self.model(fed.to(self.model.device), self.cache)
+            q.append(restricted_q(logits[:, -1], sampling, self.intersection, self.target_size)[0][0])
+            proposals.append(int(q[-1].argmax()))
+        return proposals, torch.stack(q)
+
     def own_model(self) -> OwnModel | None:
         """None: the proposals are not the draft model's own ids (drafters/base.py)."""
         return None
@@ -143,7 +167,7 @@ class TokenIntersectionDrafter:
         self.rows = [self._text(p) for p in prompts]
         self.cached: list[list[int]] = [[] for _ in prompts]  # per row: the draft ids the cache holds
         self._live = [True] * len(prompts)
-        self._k = 0
+        self._k, self._k_max = 0, 16  # _k_max: room kept in the cache for a draft
 
     def _text(self, prompt: list[int]) -> DraftText:
         return DraftText(self.target_text, self.draft_text, self.intersection.to_draft.tolist(), prompt)
@@ -177,7 +201,6 @@ class TokenIntersectionDrafter:
 
     def _feed_long_rows(self) -> None:
         """Rows whose cache holds nothing of their context (new or moved): prefill all but the last id."""
-        self._k_max = getattr(self, "_k_max", 16)
         rows = [b for b in range(len(self.rows)) if not _common(self.cached[b], self._context(b))]
         if rows:
             bodies = [self._context(b)[:-1] for b in rows]
@@ -210,7 +233,7 @@ class TokenIntersectionDrafter:
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert self.cache is not None, "start() first"
         batch, device = len(self.rows), self.model.device
-        self._k, self._k_max = k, max(k, getattr(self, "_k_max", 16))
+        self._k, self._k_max = k, max(k, self._k_max)
         if k == 0:
             return torch.zeros(batch, 0, dtype=torch.long, device=device), torch.zeros(batch, 0, self.target_size)
         self._start = [len(c) for c in self.cached]
