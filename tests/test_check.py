@@ -98,8 +98,18 @@ def _check(toy, tmp_path, *extra):
     return code, json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("draft", ["model", "ngram"])
-def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
+@pytest.fixture(scope="module")
+def retokenized(toy, tmp_path_factory):
+    """The toy draft with another tokenizer (64 merges the target lacks, other ids)."""
+    from toy_models import retokenized_draft
+
+    text = "def f(x):\n    return x + 1\n\nimport os\nabc abd abc ab x = x + 1; " * 4
+    return retokenized_draft(toy[1], tmp_path_factory.mktemp("retokenized") / "draft", text=text)
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "other-tokenizer"])
+def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft, request):
+    """'other-tokenizer': a draft of another vocabulary (token-level intersection)."""
     prompts = tmp_path / "prompts.jsonl"  # prompt lookup needs text that repeats: the third and fourth lines
     prompts.write_text(
         "".join(
@@ -111,7 +121,7 @@ def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
         toy,
         tmp_path,
         "--draft",
-        str(toy[1]) if draft == "model" else "ngram",
+        {"model": str(toy[1]), "ngram": "ngram"}.get(draft) or str(request.getfixturevalue("retokenized")),
         "--prompts",
         str(prompts),
         "--temperature",
@@ -123,7 +133,7 @@ def test_the_check_passes_on_the_toy_pair(toy, tmp_path, capsys, draft):
     )
     printed = capsys.readouterr().out
     assert code == 0 and report["passed"] and "PASSED" in printed, printed
-    assert len(report["tests"]) >= (6 if draft == "model" else 1) and all(t["passed"] for t in report["tests"])
+    assert len(report["tests"]) >= (1 if draft == "ngram" else 6) and all(t["passed"] for t in report["tests"])
     assert report["control"]["passed"] and report["control"]["planted_tv"] > 0
     assert report["invariant"] == {"rows": 16, "equal": 16, "near_ties": 0, "gaps": [], "passed": True}
     assert report["greedy"] == {"rows": 4, "equal": 4, "near_ties": 0, "gaps": [], "passed": True}

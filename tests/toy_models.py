@@ -124,3 +124,78 @@ class MarkovLM(nn.Module):
                 history.append(token)
             probs[cell] = p
         return probs
+
+
+def toy_text(pieces: list[str], special: tuple[int, ...] = ()):
+    """A TokenText (verispec.models.token_text) over these pieces: id i stands for pieces[i] (its
+    UTF-8 bytes); text is encoded by greedy longest match, so two piece lists tokenize one text
+    differently (drafts with another tokenizer, tests/test_cross_vocab.py)."""
+    from verispec.models.token_text import TokenText
+
+    table = {p: i for i, p in enumerate(pieces) if i not in special}
+    longest = max(len(p) for p in table)
+
+    def encode(text: str) -> list[int]:
+        ids, at = [], 0
+        while at < len(text):
+            for size in range(min(longest, len(text) - at), 0, -1):
+                if text[at : at + size] in table:
+                    ids.append(table[text[at : at + size]])
+                    at += size
+                    break
+            else:
+                raise ValueError(f"{text[at]!r} is no token")
+        return ids
+
+    return TokenText(tuple(p.encode() for p in pieces), frozenset(special), encode)
+
+
+def retokenized_draft(source, directory, drop_every: int = 3, text: str = ""):
+    """A copy of the model directory `source` with another tokenizer: every `drop_every`-th merged
+    token that no merge uses is dropped (with the merge that makes it), merges of adjacent tokens
+    of `text` that the source lacks are added (embedding: the first part's), and the tokens are
+    renumbered (special tokens last), the embedding (tied head) rows following. Text is then
+    tokenized differently, the ids differ, and each side has tokens the other lacks; no download."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from verispec.models.checkpoint import load_pretrained, save_pretrained
+    from verispec.models.llama import LlamaForCausalLM
+    from verispec.models.toy import EOS
+
+    source, directory = Path(source), Path(directory)
+    spec = json.loads((source / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    merges = [m.split(" ") if isinstance(m, str) else m for m in spec["model"]["merges"]]
+    inputs = {part for merge in merges for part in merge}
+    dropped = {a + b for a, b in merges if a + b not in inputs and vocab[a + b] % drop_every == 0}
+    spec["model"]["merges"] = [[a, b] for a, b in merges if a + b not in dropped]
+    for t in dropped:
+        del spec["model"]["vocab"][t]
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    pieces = [tokenizer.id_to_token(i) for i in tokenizer.encode(text).ids]
+    added: dict[str, str] = {}  # new token -> the token whose embedding it starts from
+    for a, b in zip(pieces, pieces[1:]):
+        if a + b not in vocab and a + b not in added and len(added) < 64:
+            added[a + b] = a
+            spec["model"]["merges"].append([a, b])
+    special = {entry["content"]: entry["id"] for entry in spec["added_tokens"]}
+    vocab = {**vocab, **special}
+    order = sorted(
+        [t for t in vocab if t not in dropped] + list(added), key=lambda t: (t in special, vocab.get(t, 1e9))
+    )
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    for entry in spec["added_tokens"]:
+        entry["id"] = spec["model"]["vocab"][entry["content"]]
+    model = load_pretrained(source)
+    rows = torch.tensor([vocab[added.get(t, t)] for t in order])
+    config = model.config.replace(vocab_size=len(order), eos_token_id=spec["model"]["vocab"][EOS])
+    draft = LlamaForCausalLM(config).to(model.dtype)
+    state = {n: t for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"][rows]
+    draft.load_state_dict(state, strict=False)
+    save_pretrained(draft, directory)
+    (directory / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    return directory

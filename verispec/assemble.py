@@ -248,8 +248,9 @@ def load_target(settings: Settings, say: Say = _quiet):
 
 def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None = None):
     """The drafter of --draft (or of `spec`, a candidate): None for 'none'; prompt lookup for
-    'ngram'; the target's first L layers for 'early-exit:L'; else a model whose vocabulary must
-    be the target's, wrapped in a ModelDrafter with --confidence-threshold."""
+    'ngram'; the target's first L layers for 'early-exit:L'; else a model, wrapped in a
+    ModelDrafter with --confidence-threshold where its vocabulary is the target's, in a
+    TokenIntersectionDrafter where it differs (the mode is said)."""
     settings = settings.resolved()
     spec = settings.draft if spec is None else spec
     _check_draft(spec)
@@ -270,13 +271,28 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
             )
         return EarlyExitDrafter(target, int(spec.split(":", 1)[1]))
     from .drafters.model import ModelDrafter
-    from .models.vocab import check_same_tokenizer, match_vocab_size
+    from .models.vocab import check_same_tokenizer, match_vocab_size, vocabularies_differ
 
     draft = load_model(settings, spec, say)
     if hasattr(draft, "shape_invariant"):
         draft.shape_invariant = False  # only the target's logits must not depend on the pass
+    if vocabularies_differ(settings.target, spec):
+        return _intersection_drafter(settings, target, draft, spec, say)
     check_same_tokenizer(settings.target, spec, target.vocab_size, draft.vocab_size)
     return ModelDrafter(match_vocab_size(draft, target.vocab_size), settings.confidence_threshold)
+
+
+def _intersection_drafter(settings: Settings, target, draft, spec: str, say: Say):
+    """A draft whose tokenizer differs from the target's: token-level intersection (said)."""
+    from .drafters.cross_vocab import TokenIntersectionDrafter
+    from .models.token_text import token_text_of
+
+    texts = token_text_of(settings.target, target), token_text_of(spec, draft)
+    if None in texts:
+        raise ValueError(f"--draft {spec}: its vocabulary differs from the target's and cannot be read as text")
+    drafter = TokenIntersectionDrafter(draft, texts[1], texts[0], target.vocab_size, settings.confidence_threshold)
+    say(f"--draft {spec}: {drafter.mode_line()}")
+    return drafter
 
 
 def load_profiled(settings: Settings, name: str, say: Say = _quiet):

@@ -96,7 +96,9 @@ def _prefilled(model, context: list[int], room: int):
 
 def _chain(target, drafter, context: list[int], k: int, sampling: RowSampling):
     """Along the draft's most likely proposals: (proposals [k'], p [k', V], q [k', V] or None)."""
-    if hasattr(drafter, "model"):  # a draft model (early exit included): q along its most likely proposals
+    if hasattr(drafter, "chain"):  # a draft of another tokenizer: its restricted q, over the target's ids
+        proposals, q = drafter.chain(context, k, sampling)
+    elif hasattr(drafter, "model"):  # a draft model (early exit included): q along its most likely proposals
         model, proposals, q = drafter.model, [], []
         cache = _prefilled(model, context, k)
         logits = model(torch.tensor([[context[-1]]], device=model.device), cache)[0, -1:]  # [1, V]

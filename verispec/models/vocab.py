@@ -1,11 +1,12 @@
 """Do a target and a draft speak the same token ids? Checks, and the one allowed difference.
 
-Owns: `check_same_tokenizer` (compare two models' vocabularies, each a directory's
-`tokenizer.json` or a GGUF file's own vocabulary, in any combination: the token -> id map,
-added tokens included, and which tokens are special) and `match_vocab_size` (a draft whose
-output layer is only padded to a different size gets logits cut or padded to the target's
-size). The engine compares token ids only, so what matters is that every real token has the
-same id on both sides; normalisers and pre-tokenizers never see a draft. Knows nothing of
+Owns: `vocabularies_differ` (whether a draft needs token-level intersection),
+`check_same_tokenizer` (compare two models' vocabularies, each a directory's `tokenizer.json`
+or a GGUF file's own vocabulary, in any combination: the token -> id map, added tokens
+included, and which tokens are special) and `match_vocab_size` (a draft whose output layer is
+only padded to a different size gets logits cut or padded to the target's size). The engine
+compares token ids only, so what matters is that every real token has the same id on both
+sides; normalisers and pre-tokenizers never see a draft. Knows nothing of
 sampling or speculation.
 """
 
@@ -34,6 +35,14 @@ def _tokens(directory: str | Path) -> tuple[dict[str, int], set[str]] | None:
         return None
     special = {added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special}
     return tokenizer.get_vocab(with_added_tokens=True), special
+
+
+def vocabularies_differ(target_dir: str | Path, draft_dir: str | Path) -> bool:
+    """Whether both sides have a vocabulary (tokenizer.json or a GGUF's own) and they differ in
+    any token's id or in which tokens are special: such a draft drafts by token-level
+    intersection (drafters/cross_vocab.py) instead of sharing the target's ids."""
+    target, draft = _tokens(target_dir), _tokens(draft_dir)
+    return target is not None and draft is not None and target != draft
 
 
 def check_same_tokenizer(
