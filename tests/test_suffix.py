@@ -383,3 +383,43 @@ def test_the_replay_proposes_what_the_engine_proposes_from_each_prefix(keep):
             drafter.add_rows([sequence])
             drafter.keep_rows([])
     assert int(replayed[2][1][-1]) == (2 if keep else 0)  # "1 2 3 4" is only in an earlier sequence
+
+
+# ---------------------------------------------------------------------------------------------
+# serve: one batch for the server's life, so the corpus spans its requests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_server_drafts_a_repeated_request_from_the_corpus():
+    """The built-in target behind `verispec serve` (in a thread) with suffix drafting: a request
+    sent twice returns plain greedy's text both times; the first joined the corpus as it left,
+    and the second accepted more per pass than the first."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from verispec.models.backend import load, load_text_tokenizer
+    from verispec.pair import TARGET_DIR
+    from verispec.policy import FixedLength
+    from verispec.server.run import build, start_in_thread
+
+    target, _ = load(TARGET_DIR, "auto")
+    tokenizer = load_text_tokenizer(TARGET_DIR, target)
+    drafter = SuffixDrafter()
+    app, scheduler = build(
+        target, drafter, tokenizer, model_name="pair", k=FixedLength(4), max_batch=2, max_model_len=128, eos=()
+    )
+    prompt = "def quicksort(arr):"
+    ids = tokenizer.encode(prompt).ids
+    plain = tokenizer.decode(generate_all(target, [ids], SamplingParams(temperature=0, max_new_tokens=48))[0])
+    handle = start_in_thread(app)
+    try:
+        body = {"model": "pair", "prompt": prompt, "max_tokens": 48, "temperature": 0}
+        passes = []
+        for _ in range(2):
+            before = scheduler.passes
+            got = httpx.post(handle.url + "/v1/completions", json=body, timeout=60).json()
+            passes.append(scheduler.passes - before)
+            assert got["choices"][0]["text"] == plain, got
+        assert [s.tokens[: len(ids)] for s in drafter.corpus.sequences] == [ids, ids]
+        assert passes[1] <= 48 / 3 < passes[0], passes
+    finally:
+        handle.stop()
