@@ -77,6 +77,14 @@ def test_protocol_and_arguments():
             SuffixDrafter(**kwargs)
 
 
+def test_draft_suffix_loads_a_suffix_drafter():
+    from verispec.assemble import Settings, load_drafter
+
+    drafter = load_drafter(Settings(target="unused", draft="suffix"), tiny_llama(0))
+    assert isinstance(drafter, SuffixDrafter) and drafter.device == torch.device("cpu")
+    assert Settings(target="unused", draft="suffix").draft_spec == "suffix"
+
+
 def test_the_proposal_continues_the_match_as_far_as_its_length_allows():
     assert _propose([REPEAT], 8) == [[4, 5, 6]]  # match of 3, match_factor 1: 3 tokens
     assert _propose([REPEAT], 8, match_factor=2.0) == [[4, 5, 6, 7, 1, 2]]  # ceil(2 * 3) = 6
