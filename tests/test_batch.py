@@ -125,10 +125,10 @@ class PendsTheWrongToken(Batch):
         self.pending = torch.tensor(self.pending_ids)
 
 
-@pytest.mark.parametrize("name", ["model", "ngram", "early-exit"])
+@pytest.mark.parametrize("name", ["model", "ngram", "early-exit", "suffix"])
 def test_joint_distribution_is_exact_under_churn(target, made, exact, name):
     counts = churn(
-        target, DRAFTERS[name](target, made), 20_000, seed=700 + ["model", "ngram", "early-exit"].index(name)
+        target, DRAFTERS[name](target, made), 20_000, seed=700 + ["model", "ngram", "early-exit", "suffix"].index(name)
     )
     assert_distributed_as(counts, exact, are_counts=True, label=f"churn {name} {SETTING} k=3")
 
@@ -181,7 +181,7 @@ def test_greedy_rows_joined_midway_on_llama_cpp(target, gguf):  # noqa: F811 (gg
     assert _joined_midway(gguf_target, None, prompts, [GREEDY] * len(prompts)) == plain
 
 
-@pytest.mark.parametrize("name", ["model", "ngram"])
+@pytest.mark.parametrize("name", ["model", "ngram", "suffix"])
 def test_a_seeded_row_gives_the_same_tokens_alone_and_joined_into_a_busy_batch(target, made, name):
     params = [SamplingParams(temperature=1.0, top_k=4, max_new_tokens=20, seed=1000 + i) for i in range(4)]
     prompts = [PROMPT, [1, 2, 3], PROMPT, [4]]
@@ -261,7 +261,7 @@ def _staged_midway(model, drafter, prompts, params, piece: int = 2, k: int = 3) 
     return [outputs[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("name", ["model", "early-exit", "ngram", "hf-gpt2"])
+@pytest.mark.parametrize("name", ["model", "early-exit", "ngram", "suffix", "hf-gpt2"])
 def test_prompts_read_piece_by_piece_before_joining_give_plain_greedy(target, made, name):
     prompts = [PROMPT + [1, 3, 0, 2], [0, 4, 4, 2, 1, 3], [3, 3, 1]]
     plain = generate_all(target, prompts, GREEDY)

@@ -357,10 +357,12 @@ def test_replay_cost_by_hand():
 def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     """Greedy: beta is 0 or 1, so the replay's cost with c = 0 and r = 1 is the number of
     target passes the engine makes on the same continuation, for a draft model and for
-    prompt lookup (whose blocks start after rejections, not at every position)."""
+    prompt lookup (whose blocks start after rejections, not at every position) and suffix
+    drafting (whose proposals may be shorter than k)."""
     from verispec.analysis.plan import replay_cost, teacher_forced_blocks
     from verispec.config import SamplingParams
     from verispec.drafters.ngram import PromptLookupDrafter
+    from verispec.drafters.suffix import SuffixDrafter
     from verispec.engine import generate_all
     from verispec.stats import SpecStats
 
@@ -368,12 +370,14 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     params = SamplingParams(temperature=0, max_new_tokens=40)
     prompts = [[1, 2, 3, 1, 2], [9, 8, 7], [4, 4, 4, 4]]
     sequences = [p + c for p, c in zip(prompts, generate_all(target, prompts, params))]
-    for candidate in (draft, PromptLookupDrafter()):
+    for candidate in (draft, PromptLookupDrafter(), SuffixDrafter()):
         blocks = teacher_forced_blocks(target, candidate, sequences, [len(p) for p in prompts], params, k)
         passes = []
         for prompt in prompts:
             stats = SpecStats()
-            drafter = candidate if isinstance(candidate, PromptLookupDrafter) else ModelDrafter(candidate)
+            drafter = (
+                candidate if isinstance(candidate, (PromptLookupDrafter, SuffixDrafter)) else ModelDrafter(candidate)
+            )
             generate_all(target, [prompt], params, drafter, k=k, stats=stats)
             passes.append(stats.target_passes)
         assert [replay_cost(beta, flags, k, 0.0, [1.0] * (k + 1)) for beta, flags in blocks] == pytest.approx(passes)
@@ -387,7 +391,20 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
     common = ["--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "6"]
     assert (
         main(
-            ["plan", *common, "--k-max", "2", "--draft", str(draft_dir), "--draft", "ngram", "--draft", "early-exit:1"]
+            [
+                "plan",
+                *common,
+                "--k-max",
+                "2",
+                "--draft",
+                str(draft_dir),
+                "--draft",
+                "ngram",
+                "--draft",
+                "suffix",
+                "--draft",
+                "early-exit:1",
+            ]
         )
         == 0
     )
@@ -395,6 +412,7 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("draft ")] == [
         f"draft {draft_dir}",
         "draft ngram",
+        "draft suffix",
         "draft early-exit",
     ]
     assert (

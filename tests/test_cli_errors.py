@@ -105,6 +105,7 @@ CASES = [
     ([*B[:-2], "--draft", "none"], "bench measures a draft against its target, so --draft none leaves nothing", None),
     (["bench", "--prompts", "{good}", *T], "so --target without --draft leaves nothing to measure", None),
     ([*B, "--peer", "vllm"], "invalid choice", None),
+    ([*B, "--peer", "hf", "--draft", "suffix"], "it does not take --draft suffix", None),
     # plan, profile
     (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--k-max", "0"], "--k-max", None),
     (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
@@ -119,6 +120,7 @@ CASES = [
     (["profile", *T, "--k-max", "0"], "--k-max", None),
     (["profile", *T, "--repeats", "0"], "--repeats", None),
     (["profile", *T, "--draft", "ngram"], "--draft ngram: profile times a draft model's passes", None),
+    (["profile", *T, "--draft", "suffix"], "--draft suffix: profile times a draft model's passes", None),
     (["profile", *T, "--draft", "early-exit:2"], "--draft early-exit:2: profile times a draft model's passes", None),
     # convert, quantize, train, the command itself
     (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),

@@ -25,6 +25,7 @@ from verispec.config import SamplingParams
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter
+from verispec.drafters.suffix import SuffixDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.models.quantize import quantize_model
@@ -91,6 +92,7 @@ DRAFTERS = {
     ),
     "early-exit": lambda target, cache: EarlyExitDrafter(target, 1),
     "ngram": lambda target, cache: PromptLookupDrafter(),
+    "suffix": lambda target, cache: SuffixDrafter(),
     "hf-gpt2": lambda target, cache: ModelDrafter(cache.setdefault("gpt2", _gpt2_draft())),
 }
 
@@ -223,6 +225,7 @@ LLAMACPP_CASES = {
     ),
     "llamacpp-target+torch-draft": ("llamacpp", lambda g, made: ModelDrafter(made.setdefault("model", llama(1, 12)))),
     "llamacpp-target+ngram": ("llamacpp", lambda g, made: PromptLookupDrafter()),
+    "llamacpp-target+suffix": ("llamacpp", lambda g, made: SuffixDrafter()),
     "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),
 }
 
@@ -320,7 +323,7 @@ def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf
 # output equals plain output token for token, for every drafter family and draft length
 # ---------------------------------------------------------------------------------------------
 
-INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram"]
+INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram", "suffix"]
 
 
 @pytest.mark.parametrize("name", INVARIANT_DRAFTERS + ["plain"])

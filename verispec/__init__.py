@@ -25,6 +25,7 @@ from .drafters.base import Drafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.model import ModelDrafter
 from .drafters.ngram import PromptLookupDrafter
+from .drafters.suffix import SuffixDrafter
 from .engine import generate, generate_all
 from .models.backend import load, load_text_tokenizer
 from .models.checkpoint import CheckpointError, load_pretrained, save_pretrained
@@ -52,6 +53,7 @@ __all__ = [
     "SamplingParams",
     "SpecConfig",
     "SpecStats",
+    "SuffixDrafter",
     "acceptance_probability",
     "generate",
     "generate_all",

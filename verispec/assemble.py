@@ -28,6 +28,7 @@ from .policy import AdaptiveLength, FixedLength
 
 Say = Callable[[str], None]
 NO_DRAFT = "none"
+MODEL_FREE = ("ngram", "suffix")  # --draft values that load no model: prompt lookup, suffix drafting
 
 
 def to_stderr() -> Say:
@@ -49,8 +50,9 @@ def _quiet(note: str) -> None:
 @dataclass(frozen=True)
 class Settings:
     """What to load and how. `target` None: the built-in pair's target; `draft` a model directory
-    or GGUF file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L layers) or
-    'none', and None for the default: the built-in draft with the built-in target, else none.
+    or GGUF file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), 'early-exit:L' (the
+    target's first L layers) or 'none', and None for the default: the built-in draft with the
+    built-in target, else none.
     `k` a draft length or 'auto' (`k_max` bounds auto's choice). `resolved()` fills the defaults."""
 
     target: str | None = None
@@ -141,7 +143,7 @@ def _is_int(value: object) -> bool:
 
 def _check_draft(spec: str | None) -> None:
     if spec is not None and not isinstance(spec, str):
-        raise ValueError(f"--draft must be a path, 'ngram', 'early-exit:L' or 'none', got {spec!r}")
+        raise ValueError(f"--draft must be a path, 'ngram', 'suffix', 'early-exit:L' or 'none', got {spec!r}")
     if spec is not None and spec.startswith("early-exit:") and not spec.split(":", 1)[1].isdigit():
         raise ValueError(f"--draft early-exit:L needs a layer count L, got {spec!r}")
 
@@ -248,8 +250,8 @@ def load_target(settings: Settings, say: Say = _quiet):
 
 def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None = None):
     """The drafter of --draft (or of `spec`, a candidate): None for 'none'; prompt lookup for
-    'ngram'; the target's first L layers for 'early-exit:L'; else a model, wrapped in a
-    ModelDrafter with --confidence-threshold where its vocabulary is the target's, in a
+    'ngram'; suffix drafting for 'suffix'; the target's first L layers for 'early-exit:L'; else a model,
+    wrapped in a ModelDrafter with --confidence-threshold where its vocabulary is the target's, in a
     TokenIntersectionDrafter where it differs (the mode is said)."""
     settings = settings.resolved()
     spec = settings.draft if spec is None else spec
@@ -260,6 +262,10 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
         from .drafters.ngram import PromptLookupDrafter
 
         return PromptLookupDrafter(device=target.device)
+    if spec == "suffix":
+        from .drafters.suffix import SuffixDrafter
+
+        return SuffixDrafter(device=target.device)
     if spec.startswith("early-exit:"):
         from .drafters.early_exit import EarlyExitDrafter
         from .models.llama import LlamaForCausalLM
@@ -383,11 +389,11 @@ def llamacpp_unavailable() -> str | None:
 
 
 def gguf_files(settings: Settings, drafts: Sequence[str | None]) -> tuple[Path, list[Path | None]]:
-    """The GGUF files of the target and of each model draft ('ngram', 'none' and None: no file),
+    """The GGUF files of the target and of each model draft ('ngram', 'suffix', 'none' and None: no file),
     a directory converted once to --gguf-type (cached)."""
     from .models.backend import gguf_file
 
     settings = settings.resolved()
     gguf_type = settings.gguf_type or "f32"
-    files = [None if spec in (None, "ngram", NO_DRAFT) else gguf_file(spec, gguf_type) for spec in drafts]
+    files = [None if spec in (None, *MODEL_FREE, NO_DRAFT) else gguf_file(spec, gguf_type) for spec in drafts]
     return gguf_file(settings.target, gguf_type), files

@@ -7,7 +7,9 @@ proposals that starts at continuation position t this gives beta[t, j], the prob
 that its j-th proposal is accepted once those before it were: sum_x min(p_{t+j}(x), q(x)).
 A draft model's q is its distribution after the true prefix (drafts of accepted tokens
 follow the committed text); prompt lookup's q is one-hot at the j-th token it proposes from
-sequence[:t], and where no n-gram matches it proposes nothing (the engine's plain pass).
+sequence[:t], and where no n-gram matches it proposes nothing (the engine's plain pass). Suffix
+drafting replays itself along each sequence (`replay`) and may propose fewer than k tokens: beta
+is 0 past its proposal, where the engine would not have drafted.
 
 S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i
 proposals with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at
@@ -50,6 +52,19 @@ def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int, k: in
     return drafter.lookup(k)
 
 
+def _lookups(drafter, sequences: Sequence[Sequence[int]], starts: Sequence[int], k: int):
+    """A model-free drafter's proposals along each sequence: per sequence, the padded proposal
+    [T, k] from each prefix and its length [T] long (0: no match, the engine's plain pass). A
+    drafter with `replay` (suffix drafting) runs it; prompt lookup proposes k or nothing."""
+    if hasattr(drafter, "replay"):
+        return drafter.replay(sequences, starts, k)
+    results = []
+    for sequence, start in zip(sequences, starts):
+        proposals, found = _lookup(drafter, list(sequence), start, k)
+        results.append((proposals, found.long() * k))
+    return results
+
+
 @torch.no_grad()
 def teacher_forced_blocks(
     target: torch.nn.Module,
@@ -61,14 +76,17 @@ def teacher_forced_blocks(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sequence, for the positions that predict sequence[starts[b]:]: beta [T, k_max] float64
     (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
-    proposes [T] bool. `draft` is a causal LM, a ModelDrafter or a PromptLookupDrafter."""
+    proposes [T] bool. `draft` is a causal LM, a ModelDrafter, a PromptLookupDrafter or a
+    SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there)."""
     model = draft_model_of(draft)
-    if model is None and not isinstance(draft, PromptLookupDrafter):
+    if model is None and not isinstance(draft, PromptLookupDrafter) and not hasattr(draft, "replay"):
         raise ValueError(
-            f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter or a PromptLookupDrafter"
+            f"cannot score a {type(draft).__name__}: give a model, a ModelDrafter, a PromptLookupDrafter "
+            "or a SuffixDrafter"
         )
+    lookups = _lookups(draft, sequences, starts, k_max) if model is None else [None] * len(sequences)
     blocks = []
-    for sequence, start in zip(sequences, starts):
+    for sequence, start, lookup in zip(sequences, starts, lookups):
         ids = torch.tensor([list(sequence)], device=target.device)
         p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
         length = p.shape[0]
@@ -79,8 +97,10 @@ def teacher_forced_blocks(
             beta = per_position[at.clamp(max=length - 1)]
             proposes = torch.ones(length, dtype=torch.bool)
         else:
-            proposals, proposes = _lookup(draft, list(sequence), start, k_max)  # [T, k_max], [T]
+            proposals, lengths = lookup  # [T, k_max], [T]
             beta = p[at.clamp(max=length - 1).to(p.device), proposals.to(p.device)].double().cpu()
+            proposes = lengths > 0
+            beta = torch.where(~proposes[:, None] | (torch.arange(k_max) < lengths[:, None]), beta, 0.0)
         blocks.append((torch.where(at < length, beta, 0.0), proposes.cpu()))
     return blocks
 

@@ -173,7 +173,8 @@ def calibrate(
     (the draft's reading of the joined prompt is reported apart from the draft time, so it is
     not in these times), and the rows are cancelled. Medians, not means: the first pass at a new shape
     can cost ten times the others (llama.cpp sizes its buffers). t_target is keyed by the
-    positions of a pass, B(k+1); t_draft by (B, k). The batch is left empty, as it was."""
+    positions of a pass, B(k+1); t_draft by (B, k). The batch is left empty, as it was, and a
+    drafter that keeps earlier requests (suffix drafting's corpus) forgets the synthetic ones."""
     if len(batch):
         raise ValueError("calibrate needs a batch with no rows")
     k_max, vocab = policy.k_max, batch.target.vocab_size
@@ -203,6 +204,8 @@ def calibrate(
                     batch.cancel(list(batch.ids), "abort")
     finally:
         batch.policy = saved
+        if hasattr(batch.drafter, "clear_corpus"):
+            batch.drafter.clear_corpus()
     target: dict[int, list[float]] = {}
     draft: dict[tuple[int, int], list[float]] = {}
     for rows, k, draft_s, target_s in scripted.times:

@@ -32,13 +32,14 @@ from .common import (
 )
 
 PROFILED_HELP = (
-    "draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram' or "
-    "'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target"
+    "draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram', 'suffix' "
+    "or 'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target"
 )
 PROMPTS_HELP = 'JSON lines, one {"prompt": "..."} per line'
 MEASURED_HELP = (
-    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup) or 'early-exit:L' (the target's "
-    "first L layers) ('none' leaves nothing to measure); default: the built-in draft with the built-in target"
+    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting) or "
+    "'early-exit:L' (the target's first L layers) ('none' leaves nothing to measure); default: the built-in "
+    "draft with the built-in target"
 )
 
 
@@ -189,6 +190,11 @@ def bench(args: argparse.Namespace) -> int:
     if not args.peer:
         needs_draft(settings, "bench")
     settings = settings.resolved()
+    if args.peer and settings.draft == "suffix":
+        return fail(
+            f"--peer {args.peer} compares verispec with the peer's own drafters (a draft model or prompt lookup); "
+            "it does not take --draft suffix"
+        )
     if args.peer == "llamacpp":
         return _peer_llamacpp(args, settings, ks, temps[0])
     if args.peer:
@@ -358,10 +364,10 @@ def profile(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return fail(f"--k-max must be >= 1, got {args.k_max}")
-    if args.draft is not None and (args.draft == "ngram" or args.draft.startswith("early-exit:")):
+    if args.draft is not None and (args.draft in assemble.MODEL_FREE or args.draft.startswith("early-exit:")):
         return fail(
             f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset "
-            "name); for prompt lookup or early exit, plan measures acceptance and cost"
+            "name); for prompt lookup, suffix drafting or early exit, plan measures acceptance and cost"
         )
     if args.compare_quantized and args.backend == "llamacpp":  # verispec's own int8/int4 formats run on PyTorch
         return fail(

@@ -3,7 +3,7 @@ argument types, the shared argument groups (argparse parent parsers), the settin
 parsed arguments, output checks, prompt files, and the rewriting of library names into flags.
 
 One vocabulary: a flag means the same thing in every command that takes it. --target and --draft
-are models (--draft also 'ngram', 'early-exit:L' or 'none'), --k a draft length (a list where
+are models (--draft also 'ngram', 'suffix', 'early-exit:L' or 'none'), --k a draft length (a list where
 a command compares several), --seed the sampling seed, --temperature the sampling temperature,
 --repeats the repetitions of a measurement, --json an output file. Knows nothing of models.
 """
@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..assemble import Settings
+from ..assemble import MODEL_FREE, Settings
 from ..config import SamplingParams
 from ..models.backend import BACKENDS, GGUF_TYPES, is_gguf
 
@@ -119,8 +119,9 @@ TARGET_HELP = (
     "target model: a directory of Hugging Face-style weights or a .gguf file; default: the built-in pair's target"
 )
 DRAFT_HELP = (
-    "draft model directory or .gguf file, 'ngram' (prompt lookup), 'early-exit:L' (the target's first L "
-    "layers) or 'none' (no speculation); default: the built-in draft with the built-in target, else none"
+    "draft model directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), 'early-exit:L' "
+    "(the target's first L layers) or 'none' (no speculation); default: the built-in draft with the built-in "
+    "target, else none"
 )
 
 
@@ -245,7 +246,7 @@ def needs_draft(settings: Settings, command: str) -> None:
         given = "--draft none" if settings.draft == "none" else "--target without --draft"
         raise ValueError(
             f"{command} measures a draft against its target, so {given} leaves nothing to measure: "
-            "give --draft (a directory or GGUF file, 'ngram' or 'early-exit:L')"
+            "give --draft (a directory or GGUF file, 'ngram', 'suffix' or 'early-exit:L')"
         )
 
 
@@ -388,6 +389,6 @@ def _converted(draft: str | None) -> bool:
     return (
         draft is not None
         and not is_gguf(draft)
-        and draft not in ("none", "ngram")
+        and draft not in ("none", *MODEL_FREE)
         and not draft.startswith("early-exit:")
     )

@@ -79,7 +79,7 @@ def add_parsers(commands) -> None:
             models_parent(
                 target="target model of the servers started here; default: the built-in pair",
                 draft="draft model of the servers started here (not of plain): a directory or .gguf file, "
-                "'ngram', 'early-exit:L' or 'none'; default: the built-in draft with the built-in target",
+                "'ngram', 'suffix', 'early-exit:L' or 'none'; default: the built-in draft with the built-in target",
             )
         ],
     )
@@ -138,9 +138,9 @@ def add_parsers(commands) -> None:
 
 
 def _stop_note(settings: assemble.Settings) -> str:
-    """', confidence stop P' where a model draft has one (none with --draft none, ngram or early exit)."""
+    """', confidence stop P' where a model draft has one (none with --draft none, ngram, suffix or early exit)."""
     spec = settings.draft_spec
-    model_draft = spec is not None and not spec.startswith(("ngram", "early-exit:"))
+    model_draft = spec is not None and spec not in assemble.MODEL_FREE and not spec.startswith("early-exit:")
     return (
         f", confidence stop {settings.confidence_threshold:g}" if settings.confidence_threshold and model_draft else ""
     )
