@@ -106,6 +106,9 @@ CASES = [
     (["bench", "--prompts", "{good}", *T], "so --target without --draft leaves nothing to measure", None),
     ([*B, "--peer", "vllm"], "invalid choice", None),
     ([*B, "--peer", "hf", "--draft", "suffix"], "it does not take --draft suffix", None),
+    ([*B, "--peer", "hf", "--draft", "suffix+{draft}"], "it does not take --draft suffix+", None),
+    ([*G, "--draft", "suffix+none"], "a combined draft is 'ngram+MODEL' or 'suffix+MODEL'", None),
+    ([*G, "--draft", "lookup+{draft}"], "a combined draft is 'ngram+MODEL' or 'suffix+MODEL'", None),
     # plan, profile
     (["plan", "--prompts", "{good}", *T, "--draft", "{draft}", "--k-max", "0"], "--k-max", None),
     (["plan", "--prompts", "{garbled}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
@@ -121,6 +124,7 @@ CASES = [
     (["profile", *T, "--repeats", "0"], "--repeats", None),
     (["profile", *T, "--draft", "ngram"], "--draft ngram: profile times a draft model's passes", None),
     (["profile", *T, "--draft", "suffix"], "--draft suffix: profile times a draft model's passes", None),
+    (["profile", *T, "--draft", "ngram+{draft}"], "profile times a draft model's passes", None),
     (["profile", *T, "--draft", "early-exit:2"], "--draft early-exit:2: profile times a draft model's passes", None),
     # convert, quantize, train, the command itself
     (["convert", "--model", "/nonexistent/dir", "--out", "{root}/x.gguf"], "no such file or directory", None),

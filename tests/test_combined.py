@@ -51,7 +51,7 @@ class _DeclaresModelQ(CombinedDrafter):
     def propose(self, k, sampling):
         proposal, probs = super().propose(k, sampling)
         if probs is not None and self._model_ran:
-            probs = self.model._declared  # the model's own q, kept by the wrapper below
+            probs = self.drafter._declared  # the model's own q, kept by the wrapper below
         return proposal, probs
 
 
@@ -93,7 +93,7 @@ class _Checked(CombinedDrafter):
 
     def commit(self, num_accepted, next_token_ids, active):
         super().commit(num_accepted, next_token_ids, active)
-        model = self.model
+        model = self.drafter
         for row in (row for row, on in enumerate(active) if on):
             history = self.lookup.history(row)
             count = model.pending_count[row]

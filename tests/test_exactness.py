@@ -22,6 +22,7 @@ import torch
 from stats_helpers import assert_distributed_as, is_distributed_as
 
 from verispec.config import SamplingParams
+from verispec.drafters.combined import CombinedDrafter
 from verispec.drafters.early_exit import EarlyExitDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter
@@ -93,6 +94,9 @@ DRAFTERS = {
     "early-exit": lambda target, cache: EarlyExitDrafter(target, 1),
     "ngram": lambda target, cache: PromptLookupDrafter(),
     "suffix": lambda target, cache: SuffixDrafter(),
+    "suffix+model": lambda target, cache: CombinedDrafter(
+        SuffixDrafter(), ModelDrafter(cache.setdefault("model", llama(1, 12)))
+    ),
     "hf-gpt2": lambda target, cache: ModelDrafter(cache.setdefault("gpt2", _gpt2_draft())),
 }
 
@@ -226,6 +230,10 @@ LLAMACPP_CASES = {
     "llamacpp-target+torch-draft": ("llamacpp", lambda g, made: ModelDrafter(made.setdefault("model", llama(1, 12)))),
     "llamacpp-target+ngram": ("llamacpp", lambda g, made: PromptLookupDrafter()),
     "llamacpp-target+suffix": ("llamacpp", lambda g, made: SuffixDrafter()),
+    "llamacpp-target+suffix+llamacpp-draft": (
+        "llamacpp",
+        lambda g, made: CombinedDrafter(SuffixDrafter(), ModelDrafter(g["draft"])),
+    ),
     "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),
 }
 
@@ -323,7 +331,7 @@ def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf
 # output equals plain output token for token, for every drafter family and draft length
 # ---------------------------------------------------------------------------------------------
 
-INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram", "suffix"]
+INVARIANT_DRAFTERS = ["model", "int8-target", "early-exit", "ngram", "suffix", "suffix+model"]
 
 
 @pytest.mark.parametrize("name", INVARIANT_DRAFTERS + ["plain"])

@@ -141,9 +141,32 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def combined(spec: str | None) -> tuple[str, str] | None:
+    """(lookup, model) of a combined --draft 'A+B' (A 'ngram' or 'suffix', B a model), else None."""
+    if spec is None or "+" not in spec or Path(spec).exists():
+        return None
+    lookup, model = spec.split("+", 1)
+    return (lookup, model) if lookup in MODEL_FREE else None
+
+
+def model_spec(spec: str | None) -> str | None:
+    """The --draft value's model (a directory or GGUF file), if it runs one: B of 'A+B', None for
+    'ngram', 'suffix', 'early-exit:L' and 'none'."""
+    parts = combined(spec)
+    spec = parts[1] if parts else spec
+    if spec is None or spec in (*MODEL_FREE, NO_DRAFT) or spec.startswith("early-exit:"):
+        return None
+    return spec
+
+
 def _check_draft(spec: str | None) -> None:
     if spec is not None and not isinstance(spec, str):
         raise ValueError(f"--draft must be a path, 'ngram', 'suffix', 'early-exit:L' or 'none', got {spec!r}")
+    parts = combined(spec)
+    if spec is not None and "+" in spec and not Path(spec).exists():
+        model = parts[1] if parts else ""
+        if parts is None or model in (*MODEL_FREE, NO_DRAFT, "") or model.startswith("early-exit:"):
+            raise ValueError(f"--draft {spec}: a combined draft is 'ngram+MODEL' or 'suffix+MODEL' (a model path)")
     if spec is not None and spec.startswith("early-exit:") and not spec.split(":", 1)[1].isdigit():
         raise ValueError(f"--draft early-exit:L needs a layer count L, got {spec!r}")
 
@@ -258,6 +281,14 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     _check_draft(spec)
     if spec == NO_DRAFT:
         return None
+    parts = combined(spec)
+    if parts:
+        from .drafters.combined import CombinedDrafter
+
+        lookup, model = (load_drafter(settings, target, say, part) for part in parts)
+        if not hasattr(model, "append_pending"):
+            raise ValueError(f"--draft {spec}: {parts[1]} cannot be combined (a draft of another tokenizer)")
+        return CombinedDrafter(lookup, model)
     if spec == "ngram":
         from .drafters.ngram import PromptLookupDrafter
 
@@ -395,5 +426,5 @@ def gguf_files(settings: Settings, drafts: Sequence[str | None]) -> tuple[Path, 
 
     settings = settings.resolved()
     gguf_type = settings.gguf_type or "f32"
-    files = [None if spec in (None, *MODEL_FREE, NO_DRAFT) else gguf_file(spec, gguf_type) for spec in drafts]
+    files = [None if model_spec(spec) is None else gguf_file(model_spec(spec), gguf_type) for spec in drafts]
     return gguf_file(settings.target, gguf_type), files

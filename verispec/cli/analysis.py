@@ -190,10 +190,10 @@ def bench(args: argparse.Namespace) -> int:
     if not args.peer:
         needs_draft(settings, "bench")
     settings = settings.resolved()
-    if args.peer and settings.draft == "suffix":
+    if args.peer and (settings.draft == "suffix" or assemble.combined(settings.draft)):
         return fail(
             f"--peer {args.peer} compares verispec with the peer's own drafters (a draft model or prompt lookup); "
-            "it does not take --draft suffix"
+            f"it does not take --draft {settings.draft}"
         )
     if args.peer == "llamacpp":
         return _peer_llamacpp(args, settings, ks, temps[0])
@@ -364,7 +364,9 @@ def profile(args: argparse.Namespace) -> int:
 
     if args.k_max < 1:
         return fail(f"--k-max must be >= 1, got {args.k_max}")
-    if args.draft is not None and (args.draft in assemble.MODEL_FREE or args.draft.startswith("early-exit:")):
+    if args.draft is not None and (
+        args.draft in assemble.MODEL_FREE or args.draft.startswith("early-exit:") or assemble.combined(args.draft)
+    ):
         return fail(
             f"--draft {args.draft}: profile times a draft model's passes (a directory, GGUF file or preset "
             "name); for prompt lookup, suffix drafting or early exit, plan measures acceptance and cost"

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..assemble import MODEL_FREE, Settings
+from ..assemble import Settings, model_spec
 from ..config import SamplingParams
 from ..models.backend import BACKENDS, GGUF_TYPES, is_gguf
 
@@ -386,9 +386,5 @@ def contradiction(args: argparse.Namespace) -> str | None:
 
 def _converted(draft: str | None) -> bool:
     """Whether a --draft value names a model directory, which llama.cpp runs converted to --gguf-type."""
-    return (
-        draft is not None
-        and not is_gguf(draft)
-        and draft not in ("none", *MODEL_FREE)
-        and not draft.startswith("early-exit:")
-    )
+    model = model_spec(draft)
+    return model is not None and not is_gguf(model)

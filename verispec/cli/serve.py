@@ -140,7 +140,7 @@ def add_parsers(commands) -> None:
 def _stop_note(settings: assemble.Settings) -> str:
     """', confidence stop P' where a model draft has one (none with --draft none, ngram, suffix or early exit)."""
     spec = settings.draft_spec
-    model_draft = spec is not None and spec not in assemble.MODEL_FREE and not spec.startswith("early-exit:")
+    model_draft = assemble.model_spec(spec) is not None
     return (
         f", confidence stop {settings.confidence_threshold:g}" if settings.confidence_threshold and model_draft else ""
     )

@@ -26,51 +26,56 @@ from ..sampling import RowSampling
 
 class CombinedDrafter:
     """lookup: a model-free drafter with `confident(k)` (drafters/ngram.py, drafters/suffix.py); model: a
-    ModelDrafter. Rows join and leave both."""
+    ModelDrafter (kept as `drafter`). Rows join and leave both."""
 
     def __init__(self, lookup, model):
         if not hasattr(lookup, "confident"):
             raise ValueError(f"{type(lookup).__name__} cannot lead a combined draft: it has no confident(k)")
-        self.lookup, self.model = lookup, model
+        self.lookup, self.drafter = lookup, model  # drafter: the ModelDrafter
         self.lookup_passes = self.mixed_passes = 0  # for reports: how the passes drafted
         self._proposal: torch.Tensor | None = None  # [B, k'] what this pass proposed
         self._took_lookup: list[bool] = []  # per row: this pass proposed the lookup's tokens
         self._model_ran = False  # whether the model proposed on this pass
         self._live: list[bool] = []  # per row: still generating (rows that finished in a fixed batch are not)
 
+    @property
+    def model(self):
+        """The draft network (as ModelDrafter.model): what a cost profile or a kernel calibration times."""
+        return self.drafter.model
+
     # ---- rows (engine.Batch), forwarded to both
 
     def start(self, prompts: list[list[int]], max_length: int) -> None:
         self.lookup.start(prompts, max_length)
-        self.model.start(prompts, max_length)
+        self.drafter.start(prompts, max_length)
         self._live = [True] * len(prompts)
 
     @property
     def can_change_rows(self) -> bool:
-        return bool(self.lookup.can_change_rows and self.model.can_change_rows)
+        return bool(self.lookup.can_change_rows and self.drafter.can_change_rows)
 
     def keep_rows(self, rows: list[int]) -> None:
         self.lookup.keep_rows(rows)
-        self.model.keep_rows(rows)
+        self.drafter.keep_rows(rows)
         self._live = [self._live[r] for r in rows]
 
     def reserve_row(self):
-        return self.model.reserve_row()
+        return self.drafter.reserve_row()
 
     def release_row(self, view) -> None:
-        self.model.release_row(view)
+        self.drafter.release_row(view)
 
     def add_rows(self, prompts: list[list[int]], views: list | None = None) -> None:
         self.lookup.add_rows(prompts)
-        self.model.add_rows(prompts, views)
+        self.drafter.add_rows(prompts, views)
         self._live += [True] * len(prompts)
 
     @property
     def joined_unread(self) -> int:
-        return self.model.joined_unread
+        return self.drafter.joined_unread
 
     def read_joined(self) -> None:
-        self.model.read_joined()
+        self.drafter.read_joined()
 
     def history(self, row: int) -> list[int]:
         return self.lookup.history(row)
@@ -87,10 +92,10 @@ class CombinedDrafter:
             width = max(lengths)
             self._proposal, self._took_lookup = tokens[:, :width], [True] * batch
             self.lookup_passes += 1
-            self.model.propose(0, sampling)  # no model pass: its pending tokens wait
+            self.drafter.propose(0, sampling)  # no model pass: its pending tokens wait
             self.lookup.take(self._proposal)
             return self._proposal, None
-        proposal, probs = self.model.propose(k, sampling)  # [B, k'], [B, k', V] or None
+        proposal, probs = self.drafter.propose(k, sampling)  # [B, k'], [B, k', V] or None
         width = proposal.shape[1]
         self._took_lookup = [n > 0 and width > 0 for n in lengths]
         if any(self._took_lookup):
@@ -114,8 +119,8 @@ class CombinedDrafter:
             for row, (n, on) in enumerate(zip(num_accepted, active))
         ]
         if not self._model_ran:
-            self.model.append_pending([tokens[:-1] for tokens in committed])
-            self.model.commit(num_accepted, next_token_ids, active)
+            self.drafter.append_pending([tokens[:-1] for tokens in committed])
+            self.drafter.commit(num_accepted, next_token_ids, active)
             return
         took = [t and on for t, on in zip(self._took_lookup, active)]
         own_accepted = [0 if t else n for t, n in zip(took, num_accepted)]
@@ -124,5 +129,5 @@ class CombinedDrafter:
             dtype=torch.long,
             device=next_token_ids.device,
         )  # [B]: a row that took the lookup's tokens: none of the model's were accepted, the first committed followed
-        self.model.commit(own_accepted, first, active)
-        self.model.append_pending([tokens[1:] if t else [] for t, tokens in zip(took, committed)])
+        self.drafter.commit(own_accepted, first, active)
+        self.drafter.append_pending([tokens[1:] if t else [] for t, tokens in zip(took, committed)])

@@ -226,6 +226,18 @@ class SuffixDrafter:
             return torch.zeros(len(self.rows), 0, dtype=torch.long, device=self.device), None
         return torch.tensor(self._proposal, dtype=torch.long, device=self.device), None
 
+    def confident(self, k: int) -> tuple[torch.Tensor, list[int]]:
+        """For a combined draft (drafters/combined.py): every row's padded walk [B, k] and, per row, the length
+        of its proposal (0 where the match or its score is too weak to propose anything)."""
+        walks = [self.walk(row, k) for row in self.rows]
+        return torch.tensor([tokens for tokens, _ in walks], dtype=torch.long, device=self.device), [
+            length for _, length in walks
+        ]
+
+    def take(self, proposal: torch.Tensor) -> None:
+        """What this pass proposed [B, k'] when another drafter chose it: commit() appends from it."""
+        self._proposal = proposal.tolist()
+
     def match(self, row: _Row) -> tuple[int, list[tuple[list[int], int]]]:
         """The longest match length and its occurrences (sequence, position after the match),
         most recent first (the row's own, then the corpus's); (0, []) when nothing matches."""
