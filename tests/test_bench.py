@@ -361,6 +361,7 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     drafting (whose proposals may be shorter than k)."""
     from verispec.analysis.plan import replay_cost, teacher_forced_blocks
     from verispec.config import SamplingParams
+    from verispec.drafters.combined import CombinedDrafter
     from verispec.drafters.ngram import PromptLookupDrafter
     from verispec.drafters.suffix import SuffixDrafter
     from verispec.engine import generate_all
@@ -370,13 +371,18 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     params = SamplingParams(temperature=0, max_new_tokens=40)
     prompts = [[1, 2, 3, 1, 2], [9, 8, 7], [4, 4, 4, 4]]
     sequences = [p + c for p, c in zip(prompts, generate_all(target, prompts, params))]
-    for candidate in (draft, PromptLookupDrafter(), SuffixDrafter()):
+    combined = lambda: CombinedDrafter(SuffixDrafter(), ModelDrafter(draft))  # noqa: E731
+    for candidate in (draft, PromptLookupDrafter(), SuffixDrafter(), combined()):
         blocks = teacher_forced_blocks(target, candidate, sequences, [len(p) for p in prompts], params, k)
         passes = []
         for prompt in prompts:
             stats = SpecStats()
             drafter = (
-                candidate if isinstance(candidate, (PromptLookupDrafter, SuffixDrafter)) else ModelDrafter(candidate)
+                combined()
+                if isinstance(candidate, CombinedDrafter)
+                else candidate
+                if isinstance(candidate, (PromptLookupDrafter, SuffixDrafter))
+                else ModelDrafter(candidate)
             )
             generate_all(target, [prompt], params, drafter, k=k, stats=stats)
             passes.append(stats.target_passes)
@@ -404,6 +410,8 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
                 "suffix",
                 "--draft",
                 "early-exit:1",
+                "--draft",
+                f"suffix+{draft_dir}",
             ]
         )
         == 0
@@ -414,7 +422,9 @@ def test_plan_and_bench_commands_take_every_kind_of_draft(pair, tmp_path, capsys
         "draft ngram",
         "draft suffix",
         "draft early-exit",
+        f"draft suffix+{draft_dir}",
     ]
+    assert out.splitlines()[-1].startswith("best: ")
     assert (
         main(
             [

@@ -25,6 +25,7 @@ reading; the prediction and the recommendation come from the replay.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -78,6 +79,8 @@ def teacher_forced_blocks(
     (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
     proposes [T] bool. `draft` is a causal LM, a ModelDrafter, a PromptLookupDrafter or a
     SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there)."""
+    if hasattr(draft, "lookup") and hasattr(draft, "drafter"):  # a combined draft
+        return [block for block, _ in combined_blocks(target, draft, sequences, starts, params, k_max)]
     model = draft_model_of(draft)
     if model is None and not isinstance(draft, PromptLookupDrafter) and not hasattr(draft, "replay"):
         raise ValueError(
@@ -105,18 +108,39 @@ def teacher_forced_blocks(
     return blocks
 
 
-def replay_cost(beta: torch.Tensor, proposes: torch.Tensor, k: int, c: float, r: Sequence[float]) -> float:
+def combined_blocks(target, draft, sequences, starts, params, k_max) -> list[tuple[tuple, torch.Tensor]]:
+    """A combined draft (drafters/combined.py) at one row: per sequence, ((beta, proposes), model_runs [T] bool).
+    From t, the lookup's block where it proposes (it drafts alone: the model does not run), the model's elsewhere."""
+    lookup = teacher_forced_blocks(target, draft.lookup, sequences, starts, params, k_max)
+    model = teacher_forced_blocks(target, draft.drafter, sequences, starts, params, k_max)
+    out = []
+    for (lookup_beta, confident), (model_beta, _) in zip(lookup, model):
+        beta = torch.where(confident[:, None], lookup_beta, model_beta)
+        out.append(((beta, torch.ones_like(confident)), ~confident))
+    return out
+
+
+def replay_cost(
+    beta: torch.Tensor,
+    proposes: torch.Tensor,
+    k: int,
+    c: float,
+    r: Sequence[float],
+    model_runs: torch.Tensor | None = None,
+) -> float:
     """Expected cost of producing the T tokens of one continuation with draft length k, in units
-    of a plain pass: k*c + r(k+1) per drafting pass, r(1) where the drafter proposes nothing,
+    of a plain pass: k*c + r(k+1) per drafting pass (r(k+1) alone where model_runs [T] is False: a
+    combined draft's lookup drafts without the model), r(1) where the drafter proposes nothing,
     blocks replayed as the engine runs them. beta [T, >= k], proposes [T]; r[n-1] = r(n)."""
     length = beta.shape[0]
     rows, flags = beta[:, :k].tolist(), proposes.tolist()
+    runs = [True] * length if model_runs is None else model_runs.tolist()
     cost = [0.0] * (length + 1)  # cost[t]: expected cost from continuation position t to the end
     for t in range(length - 1, -1, -1):
         if k == 0 or not flags[t]:
             cost[t] = r[0] + cost[t + 1]
             continue
-        total, reach = k * c + r[k], 1.0  # reach = P(the first i proposals are accepted)
+        total, reach = k * c * runs[t] + r[k], 1.0  # reach = P(the first i proposals are accepted)
         for i in range(k):  # exactly i accepted: the next block starts at t + i + 1
             total += reach * (1.0 - rows[t][i]) * cost[min(t + i + 1, length)]
             reach *= rows[t][i]
@@ -183,14 +207,22 @@ def plan(
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
-        blocks = teacher_forced_blocks(target, draft, sequences, [len(p) for p in prompts], params, k_max)
+        starts = [len(p) for p in prompts]
+        if hasattr(draft, "lookup") and hasattr(draft, "drafter"):  # a combined draft: the model runs where it runs
+            pairs = combined_blocks(target, draft, sequences, starts, params, k_max)
+            blocks, runs = [block for block, _ in pairs], [run for _, run in pairs]
+        else:
+            blocks = teacher_forced_blocks(target, draft, sequences, starts, params, k_max)
+            runs = [None] * len(blocks)
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
         profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         c = profile.c or 0.0  # None: no draft model (prompt lookup)
+        r = list(itertools.accumulate(profile.r, max))  # a pass over more positions is never cheaper: timing noise
         tokens = sum(len(flags) for flags in proposes)
         predicted = [
-            tokens / sum(replay_cost(beta, flags, k, c, profile.r) for beta, flags in blocks) for k in range(k_max + 1)
+            tokens / sum(replay_cost(beta, flags, k, c, r, run) for (beta, flags), run in zip(blocks, runs))
+            for k in range(k_max + 1)
         ]
         share = float(torch.cat(proposes).double().mean())
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
@@ -201,7 +233,7 @@ def plan(
                 "alpha_samples": position_counts(betas, k_max, proposes),
                 "beta": float(torch.cat(betas).mean()),
                 "c": c,
-                "r": list(profile.r),
+                "r": r,
                 "proposal_share": share,
                 "predicted_speedup": predicted,
                 "recommended_k": best,

@@ -130,6 +130,14 @@ def plan_lines(report: dict) -> list[str]:
         lines.append(
             "  predicted speed-up: " + " ".join(f"k={k}:{s:.2f}" for k, s in enumerate(candidate["predicted_speedup"]))
         )
+    if len(report["candidates"]) > 1:
+        best = max(report["candidates"], key=lambda c: c["predicted_speedup"][c["recommended_k"]])
+        speedup = best["predicted_speedup"][best["recommended_k"]]
+        lines.append(
+            f"best: --draft {best['draft']} --k {best['recommended_k']} (predicted {speedup:.2f}x)"
+            if best["recommended_k"]
+            else "best: do not speculate (no candidate's k beats plain decoding)"
+        )
     return lines
 
 
