@@ -278,3 +278,16 @@ def test_assemble_picks_the_intersection_drafter_and_says_which_mode(builtin):
     assert ", share of the draft's probability mass 0." in share
     same = load_drafter(Settings(draft=str(DRAFT_DIR), backend="torch"), target, said.append)
     assert isinstance(same, ModelDrafter) and len(said) == 1  # the same vocabulary: nothing to say
+
+
+def test_plan_says_the_mode_and_the_intersections_share_on_the_prompts(builtin, tmp_path, capsys):
+    from verispec.cli import main
+    from verispec.pair import TARGET_DIR
+
+    *_, directory = builtin
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):\\n    return"}\n')
+    args = ["plan", "--target", str(TARGET_DIR), "--draft", str(directory), "--backend", "torch"]
+    assert main([*args, "--prompts", str(prompts), "--max-new-tokens", "8", "--k-max", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "token-level intersection: " in err and ", share of the draft's probability mass 0." in err

@@ -34,7 +34,7 @@ import torch
 from ..config import SamplingParams
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
-from ..sampling import process_logits
+from ..sampling import RowSampling, process_logits
 from .profile import profile_costs
 
 
@@ -94,7 +94,13 @@ def teacher_forced_blocks(
         p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
         length = p.shape[0]
         at = torch.arange(length)[:, None] + torch.arange(k_max)  # [T, k_max]: position of proposal j from t
-        if model is not None:
+        if hasattr(draft, "chain"):  # a draft of another tokenizer: its restricted q after each true prefix
+            sampling = RowSampling(params, 1)
+            q = torch.stack([draft.chain(list(sequence[:t]), 1, sampling)[1][0] for t in range(start, len(sequence))])
+            per_position = torch.minimum(p, q.to(p.device, p.dtype)).sum(dim=-1).double().cpu()  # [T]
+            beta = per_position[at.clamp(max=length - 1)]
+            proposes = torch.ones(length, dtype=torch.bool)
+        elif model is not None:
             q = process_logits(model(ids)[0, start - 1 : -1], params)
             per_position = torch.minimum(p, q.to(p.dtype)).sum(dim=-1).double().cpu()  # [T]
             beta = per_position[at.clamp(max=length - 1)]

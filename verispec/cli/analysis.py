@@ -306,7 +306,11 @@ def plan(args: argparse.Namespace) -> int:
     say = assemble.to_stderr()
     target, tokenizer = assemble.load_target(settings, say)
     drafts = {name: assemble.load_drafter(settings, target, say, spec=name) for name in candidates}
-    prompts = [tokenizer.encode(text).ids for text in read_prompts(args.prompts, args.max_prompts)]
+    texts = read_prompts(args.prompts, args.max_prompts)
+    prompts = [tokenizer.encode(text).ids for text in texts]
+    for name, drafter in drafts.items():
+        if hasattr(drafter, "mode_line"):  # a draft of another tokenizer: the mode and how much of the draft it uses
+            say(f"--draft {name}: {drafter.mode_line(texts)}")
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
     report = run_plan(target, drafts, prompts, params, args.k_max, progress=progress("plan"))
     print("\n".join(reports.plan_lines(report)))
