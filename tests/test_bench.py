@@ -293,7 +293,9 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     )
     runs = {r["system"]: r for r in json.loads((tmp_path / "confident.json").read_text())["runs"]}
     assert {"verispec k=2", "verispec k=2, confidence 0.5"} <= set(runs)  # each draft length with and without the stop
-    assert main(common + ["--draft", "ngram", "--k", "2"]) == 0
+    long = tmp_path / "long.jsonl"  # longer than llama-cpp-python's batch of 512: its lookup keeps every row's logits
+    long.write_text(json.dumps({"prompt": "ab " * 400}) + "\n")
+    assert main(common + ["--draft", "ngram", "--k", "2", "--prompts", str(long)]) == 0
     assert "llama.cpp prompt lookup k=2 (llama-cpp-python)" in capsys.readouterr().out
     assert main(common + ["--draft", str(draft_dir), "--llama-cpp-bin", str(tmp_path)]) == 2
     assert "llama-speculative-simple" in capsys.readouterr().err

@@ -59,6 +59,7 @@ def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None
         n_threads_batch=threads,
         n_batch=512,
         draft_model=draft,
+        logits_all=draft is not None,  # with a draft it keeps every row's logits, but sizes them by this flag
         verbose=False,
     )
 
