@@ -443,6 +443,7 @@ def test_llama_cpp_program_command_lines_for_the_draft_model_and_each_ngram_draf
     program, target, draft = tmp_path / "llama-speculative-simple", tmp_path / "t.gguf", tmp_path / "d.gguf"
     line = lp.command(program, target, "def f():", 16, 0.0, 0, 2, 256, draft=draft, k=3, p_min=0.5)
     assert line[line.index("--spec-type") + 1] == "draft-simple" and line[line.index("-md") + 1] == str(draft)
+    assert line[line.index("-p") + 1] == "def f():" and line.index("--no-escape") < line.index("-p")
     assert line[line.index("--spec-draft-n-max") + 1] == "3" and line[line.index("--spec-draft-p-min") + 1] == "0.5"
     for spec_type, flag in lp.NGRAM_LENGTH_FLAGS.items():
         line = lp.command(program, target, "def f():", 16, 1.0, 7, 2, 256, ngram=spec_type, k=16)
@@ -521,7 +522,7 @@ def test_llama_cpp_ngram_drafters_run_and_match_plain_greedy_text(tmp_path, caps
     """llama.cpp's own n-gram drafters, through the real program (benchmarks/build_llama_speculative.sh), on the
     built-in target (the program prints text, so the toy models' unprintable bytes would not compare)."""
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def f(x):\n    return x\n\n\ndef f(x):"}) + "\n")
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n    return x + '\\n'\n\n\ndef f(x):"}) + "\n")  # a backslash
     flags = ["--prompts", str(prompts), "--max-new-tokens", "16", "--repeats", "1"]
     assert (
         main(

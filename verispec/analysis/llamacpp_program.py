@@ -75,8 +75,9 @@ def command(
     ngram: str | None = None,
 ) -> list[str]:
     """The program's command line: the draft model `draft` at draft length k (`draft-simple`), or
-    with `ngram` set, that n-gram drafter at draft length k and no draft model. Flash attention
-    off like every other system of the comparison; other settings at the program's defaults."""
+    with `ngram` set, that n-gram drafter at draft length k and no draft model. The prompt is taken
+    as given (no escape processing); flash attention off like every other system of the
+    comparison; other settings at the program's defaults."""
     if (draft is None) == (ngram is None):
         raise ValueError("give a draft model or an n-gram drafter, not both or neither")
     sampling = (
@@ -95,6 +96,7 @@ def command(
         "-m",
         str(target),
         *spec,
+        "--no-escape",  # the prompt as given: by default it would read "\\n" in the text as a line end
         "-p",
         text,
         "-n",
