@@ -2,6 +2,7 @@
 # Build llama.cpp's own `llama-speculative-simple` from the very llama.cpp that the installed
 # llama-cpp-python vendors (same version), for
 #   verispec bench --peer llamacpp --llama-cpp-bin OUT/build/bin ...
+# The same program runs llama.cpp's n-gram drafters (--spec-type ngram-mod, ...: `--peer-ngram all`).
 # Usage: bash benchmarks/build_llama_speculative.sh [OUT]   (default OUT: runs/llama-bin; ~10 min on 2 cores)
 # The build uses llama.cpp's defaults (GGML_NATIVE: this CPU's instruction sets), as pip's build of
 # llama-cpp-python does, so both run the same kernels.

@@ -293,10 +293,17 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     )
     runs = {r["system"]: r for r in json.loads((tmp_path / "confident.json").read_text())["runs"]}
     assert {"verispec k=2", "verispec k=2, confidence 0.5"} <= set(runs)  # each draft length with and without the stop
-    assert main(common + ["--draft", "ngram", "--k", "2"]) == 0
+    long = tmp_path / "long.jsonl"  # longer than llama-cpp-python's batch of 512: its lookup keeps every row's logits
+    long.write_text(json.dumps({"prompt": "ab " * 400}) + "\n")
+    assert main(common + ["--draft", "ngram", "--k", "2", "--prompts", str(long)]) == 0
     assert "llama.cpp prompt lookup k=2 (llama-cpp-python)" in capsys.readouterr().out
     assert main(common + ["--draft", str(draft_dir), "--llama-cpp-bin", str(tmp_path)]) == 2
     assert "llama-speculative-simple" in capsys.readouterr().err
+    assert main(common + ["--draft", "ngram", "--peer-ngram", "all"]) == 2  # the n-gram drafters are the program's
+    assert "--peer-ngram needs --peer llamacpp and --llama-cpp-bin" in capsys.readouterr().err
+    for flags, message in ((["--peer-ngram", "ngram-x"], "--peer-ngram must be"), (["--peer-ngram-lengths", "0"], "")):
+        assert main(common + ["--draft", "ngram", "--llama-cpp-bin", str(tmp_path), "--peer-ngram", "all", *flags]) == 2
+        assert (message or "--peer-ngram-lengths must list") in capsys.readouterr().err
 
 
 def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
@@ -456,3 +463,113 @@ def test_the_profile_stays_within_the_models_context(pair):
     limit = target.config.max_position_embeddings
     profile = profile_costs(target, None, k_max=3, context_length=limit - 8, repeats=1, warmup=0, use_cache=False)
     assert profile.context_length + 3 + 1 <= limit < context_bucket(limit - 8) + 3 + 1
+
+
+def test_llama_cpp_program_command_lines_for_the_draft_model_and_each_ngram_drafter(tmp_path):
+    from verispec.analysis import llamacpp_program as lp
+
+    program, target, draft = tmp_path / "llama-speculative-simple", tmp_path / "t.gguf", tmp_path / "d.gguf"
+    line = lp.command(program, target, "def f():", 16, 0.0, 0, 2, 256, draft=draft, k=3, p_min=0.5)
+    assert line[line.index("--spec-type") + 1] == "draft-simple" and line[line.index("-md") + 1] == str(draft)
+    assert line[line.index("-p") + 1] == "def f():" and line.index("--no-escape") < line.index("-p")
+    assert line[line.index("--spec-draft-n-max") + 1] == "3" and line[line.index("--spec-draft-p-min") + 1] == "0.5"
+    for spec_type, flag in lp.NGRAM_LENGTH_FLAGS.items():
+        line = lp.command(program, target, "def f():", 16, 1.0, 7, 2, 256, ngram=spec_type, k=16)
+        assert line[line.index("--spec-type") + 1] == spec_type and "-md" not in line and "-td" not in line
+        assert (line[line.index(flag) + 1] == "16") if flag else not any(a.startswith("--spec-ngram") for a in line)
+        assert line[line.index("--temp") + 1] == "1.0" and line[line.index("-s") + 1] == "7"
+    with pytest.raises(ValueError, match="not both or neither"):
+        lp.command(program, target, "x", 16, 0.0, 0, 2, 256, draft=draft, ngram="ngram-mod")
+    assert lp.ngram_lengths("ngram-cache", [4, 16]) == [lp.NGRAM_CACHE_LENGTH]
+    assert lp.ngram_lengths("ngram-mod", [4, 16]) == [4, 16]
+
+
+def test_llama_cpp_program_names_and_lengths_are_parsed_with_one_line_errors():
+    from verispec.analysis.llamacpp_program import NGRAM_LENGTH_FLAGS, parse_lengths, parse_ngram_types
+
+    assert parse_ngram_types("all") == list(NGRAM_LENGTH_FLAGS)
+    assert parse_ngram_types("ngram-mod, ngram-simple,ngram-mod") == ["ngram-mod", "ngram-simple"]
+    for bad in ("", "ngram-modd", "all,ngram-mod", "draft-simple"):
+        with pytest.raises(ValueError, match="--peer-ngram must be"):
+            parse_ngram_types(bad)
+    assert parse_lengths("4,16,4") == [4, 16]
+    for bad in ("", "0", "4,x", "-2"):
+        with pytest.raises(ValueError, match="--peer-ngram-lengths"):
+            parse_lengths(bad)
+
+
+def test_llama_cpp_program_output_is_parsed_into_text_speed_and_acceptance():
+    from verispec.analysis.llamacpp_program import parse_output
+
+    log = (
+        "main: encoded   12 tokens in    0.010 seconds, speed: 1200.000 t/s\n"
+        "main: decoded  130 tokens in    0.650 seconds, speed:  200.000 t/s\n\n"
+        "n_draft   = 3\nn_predict = 130\nn_drafted = 96\nn_accept  = 72\naccept    = 75.000%\n"
+    )
+    parsed = parse_output("\n\ndef f():\n    return 1\n\n", log, "def f():")
+    assert parsed == {"text": "\n    return 1", "decoded": 130, "seconds": 0.65, "drafted": 96, "accepted": 72}
+    assert parse_output("\n\ndef f():", "main: error\n", "def f():") is None
+
+
+def test_each_ngram_drafter_is_reported_at_its_fastest_draft_length():
+    from verispec.analysis.llamacpp_program import keep_best_lengths, ngram_system
+
+    sweeps = {ngram_system("ngram-mod", k): ("ngram-mod", k) for k in (4, 16, 48)}
+    sweeps[ngram_system("ngram-cache", 8)] = ("ngram-cache", 8)
+    speeds = {4: 90.0, 16: 120.0, 48: 120.0}
+    rows = [{"system": "verispec plain", "tokens_per_s": 100.0}]
+    rows += [
+        {"system": ngram_system("ngram-mod", k), "tokens_per_s": s, "alpha_hat": k / 100} for k, s in speeds.items()
+    ]
+    rows += [{"system": ngram_system("ngram-cache", 8), "tokens_per_s": 80.0}]
+    kept = keep_best_lengths(rows, sweeps)
+    assert [r["system"] for r in kept] == [
+        "verispec plain",
+        "llama.cpp ngram-mod n=16, best of 4,16,48",  # a tie goes to the shorter draft
+        "llama.cpp ngram-cache n=8, fixed",
+    ]
+    assert kept[1]["alpha_hat"] == 0.16 and kept[1]["draft_length"] == 16
+    assert kept[1]["draft_length_sweep"] == {"4": 90.0, "16": 120.0, "48": 120.0}
+    assert kept[0] is rows[0] and keep_best_lengths(rows[:1], {}) == rows[:1]
+
+
+def _llama_cpp_bin():
+    """The directory of a built llama-speculative-simple: $VERISPEC_LLAMA_CPP_BIN, else the build
+    script's default output; None when neither holds the program."""
+    import os
+    from pathlib import Path
+
+    for directory in (os.environ.get("VERISPEC_LLAMA_CPP_BIN"), "runs/llama-bin/build/bin"):
+        if directory and (Path(directory) / "llama-speculative-simple").is_file():
+            return directory
+    return None
+
+
+@pytest.mark.skipif(_llama_cpp_bin() is None, reason="no llama-speculative-simple built here")
+def test_llama_cpp_ngram_drafters_run_and_match_plain_greedy_text(tmp_path, capsys):
+    """llama.cpp's own n-gram drafters, through the real program (benchmarks/build_llama_speculative.sh), on the
+    built-in target (the program prints text, so the toy models' unprintable bytes would not compare)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n    return x + '\\n'\n\n\ndef f(x):"}) + "\n")  # a backslash
+    flags = ["--prompts", str(prompts), "--max-new-tokens", "16", "--repeats", "1"]
+    assert (
+        main(
+            ["bench", "--peer", "llamacpp", *flags, "--draft", "ngram", "--k", "2", "--llama-cpp-bin", _llama_cpp_bin()]
+            + [
+                "--peer-ngram",
+                "ngram-mod,ngram-cache",
+                "--peer-ngram-lengths",
+                "2,4",
+                "--json",
+                str(tmp_path / "n.json"),
+            ]
+        )
+        == 0
+    )
+    runs = {r["system"]: r for r in json.loads((tmp_path / "n.json").read_text())["runs"]}
+    mod = next(r for s, r in runs.items() if s.startswith("llama.cpp ngram-mod n="))
+    assert mod["system"].endswith("best of 2,4") and set(mod["draft_length_sweep"]) == {"2", "4"}
+    assert "llama.cpp ngram-cache n=8, fixed" in runs
+    assert all(r["identical_to_llamacpp_plain"] for r in runs.values())
+    assert max(r["vs_llamacpp_ngram_best"] for r in runs.values() if "draft_length_sweep" in r) == 1.0
+    assert "vs n-gram best" in capsys.readouterr().out

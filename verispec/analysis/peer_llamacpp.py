@@ -14,7 +14,10 @@ of decode-only tokens/s:
   `llama-speculative-simple` (built from the same llama.cpp version): the same target and draft
   files, `--spec-draft-n-max k` for each integer k, flash attention off like every other
   system here, its other settings at their defaults; its decode speed and acceptance are read
-  from its log.
+  from its log;
+- with `ngram_types`, the same program's model-free n-gram drafters (`--spec-type ngram-mod`,
+  ...; `llamacpp_program`), each at every length of `ngram_draft_lengths`, only each drafter's
+  fastest length reported.
 Every system generates max_new_tokens tokens per prompt, never stopping early (llama.cpp's
 program may go a few tokens past, by its own rule). Greedy outputs are compared with llama.cpp
 plain's: as token ids in this process, as text for the external program (which prints text).
@@ -24,9 +27,7 @@ the logits) is reported per target pass and as a share of the target pass's own 
 
 from __future__ import annotations
 
-import re
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,9 +39,11 @@ from ..engine import generate_all
 from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
 from ..policy import AdaptiveLength
 from ..stats import SpecStats
+from . import llamacpp_program
+from .llamacpp_program import NGRAM_DRAFT_LENGTHS, ngram_lengths, ngram_system
 from .profile import profile_costs
 
-SPECULATIVE_PROGRAM = "llama-speculative-simple"
+SPECULATIVE_PROGRAM = llamacpp_program.PROGRAM
 PLAIN = "llama.cpp plain (llama-cpp-python)"
 
 
@@ -56,6 +59,7 @@ def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None
         n_threads_batch=threads,
         n_batch=512,
         draft_model=draft,
+        logits_all=draft is not None,  # with a draft it keeps every row's logits, but sizes them by this flag
         verbose=False,
     )
 
@@ -77,72 +81,6 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
     return {"tokens": tokens, "decoded": len(tokens) - 1, "seconds": time.perf_counter() - first}
 
 
-def _run_speculative_program(
-    program: Path,
-    target: Path,
-    draft: Path,
-    text: str,
-    max_new_tokens: int,
-    k: int,
-    temperature: float,
-    seed: int,
-    threads: int,
-    n_ctx: int,
-    p_min: float = 0.0,
-) -> dict:
-    """llama.cpp's own speculative decoding of one prompt: its text, decode speed and acceptance."""
-    sampling = (
-        ["--temp", "0"]
-        if temperature == 0
-        else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
-    )
-    command = [
-        str(program),
-        "-m",
-        str(target),
-        "-md",
-        str(draft),
-        "--spec-type",
-        "draft-simple",
-        "--spec-draft-n-max",
-        str(k),
-        "-p",
-        text,
-        "-n",
-        str(max_new_tokens),
-        "-t",
-        str(threads),
-        "-td",
-        str(threads),
-        "-c",
-        str(n_ctx),
-        "-s",
-        str(seed),
-        "-fa",
-        "off",
-        *sampling,
-        *(["--spec-draft-p-min", str(p_min)] if p_min else []),
-    ]
-    for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
-        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
-        log = done.stderr
-        speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        if done.returncode == 0 and speed is not None:
-            break
-    if done.returncode != 0 or speed is None:
-        tail = " / ".join(log.strip().splitlines()[-3:])
-        raise RuntimeError(f"{program.name} failed (exit {done.returncode}): {tail}")
-    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
-    printed = done.stdout.removeprefix("\n\n").removesuffix("\n\n")  # it prints the prompt, then the continuation
-    return {
-        "text": printed.removeprefix(text),
-        "decoded": int(speed.group(1)),
-        "seconds": float(speed.group(2)),
-        "drafted": int(drafted.group(1)) if drafted else 0,
-        "accepted": int(accepted.group(1)) if accepted else 0,
-    }
-
-
 def run_llamacpp_peer_bench(
     target_path: str | Path,
     draft_path: str | Path | None,
@@ -156,6 +94,8 @@ def run_llamacpp_peer_bench(
     speculative_bin: str | Path | None = None,
     progress: Callable[[], None] | None = None,
     confidence_threshold: float = 0.0,
+    ngram_types: Sequence[str] = (),
+    ngram_draft_lengths: Sequence[int] = NGRAM_DRAFT_LENGTHS,
 ) -> dict:
     """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
     speculative decoding at its best k, acceptance, verispec's own share, and identity.
@@ -163,12 +103,19 @@ def run_llamacpp_peer_bench(
     compares prompt lookup (verispec's and llama-cpp-python's) instead. With a
     confidence_threshold every draft length of both model drafts runs twice, without it and
     with it (verispec's `ModelDrafter` and llama.cpp's program, `--spec-draft-p-min`: both
-    stop drafting under the same rule), so that each side's best is taken over both."""
+    stop drafting under the same rule), so that each side's best is taken over both.
+    `ngram_types` (needs `speculative_bin`) adds llama.cpp's n-gram drafters, each at its best of
+    `ngram_draft_lengths`."""
     numeric = [k for k in ks if k != "auto"]
     if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
         raise ValueError(
             f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, "
             f"{max_new_tokens}, {list(ks)}"
+        )
+    if ngram_types and (speculative_bin is None or not ngram_draft_lengths or min(ngram_draft_lengths) < 1):
+        raise ValueError(
+            f"llama.cpp's n-gram drafters need --llama-cpp-bin and draft lengths >= 1, got "
+            f"{speculative_bin}, {list(ngram_draft_lengths)}"
         )
     target_path = Path(target_path)
     target = LlamaCppModel(target_path, threads)
@@ -222,31 +169,29 @@ def run_llamacpp_peer_bench(
             systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = lambda i, lookup=lookup: (
                 _run_llama_cpp_python(lookup, prompts[i], max_new_tokens, temperature, seed)
             )
-    elif speculative_bin is not None:
-        program = Path(speculative_bin) / SPECULATIVE_PROGRAM
-        if not program.is_file():
-            raise ValueError(
-                f"--llama-cpp-bin {speculative_bin}: no {SPECULATIVE_PROGRAM} there "
-                "(benchmarks/build_llama_speculative.sh builds it)"
+    program = _program(speculative_bin) if speculative_bin is not None else None
+
+    def external(k: int, **spec) -> Callable[[int], dict]:  # llama.cpp's program on prompt i
+        def run(i: int) -> dict:
+            line = llamacpp_program.command(
+                program, target_path, texts[i], max_new_tokens, temperature, seed, threads, n_ctx + 64 + k, k=k, **spec
             )
+            return llamacpp_program.run(line, texts[i])
+
+        return run
+
+    if program is not None and draft is not None:
         for threshold in thresholds:
             for k in numeric:
-                systems[
-                    f"llama.cpp speculative k={k}{f', p-min {threshold:g}' if threshold else ''} "
-                    f"({SPECULATIVE_PROGRAM})"
-                ] = lambda i, k=k, threshold=threshold: _run_speculative_program(
-                    program,
-                    target_path,
-                    Path(draft_path),
-                    texts[i],
-                    max_new_tokens,
-                    k,
-                    temperature,
-                    seed,
-                    threads,
-                    n_ctx + 64,
-                    threshold,
+                stop = f", p-min {threshold:g}" if threshold else ""
+                systems[f"llama.cpp speculative k={k}{stop} ({SPECULATIVE_PROGRAM})"] = external(
+                    k, draft=Path(draft_path), p_min=threshold
                 )
+    sweeps: dict[str, tuple[str, int]] = {}  # system name -> (n-gram drafter, draft length)
+    for spec_type in ngram_types:
+        for length in ngram_lengths(spec_type, ngram_draft_lengths):
+            sweeps[ngram_system(spec_type, length)] = (spec_type, length)
+            systems[ngram_system(spec_type, length)] = external(length, ngram=spec_type)
     rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
     for _ in range(repeats):  # every system on one prompt, then the next: drift over a round lands on all of them alike
         results: dict[str, list[dict]] = {name: [] for name in systems}
@@ -274,15 +219,35 @@ def run_llamacpp_peer_bench(
             target_description=target.config.description,
             draft_description=None if draft is None else draft.config.description,
             profile=None if profile is None else profile.to_dict(),
+            ngram_types=list(ngram_types),
+            ngram_draft_lengths=list(ngram_draft_lengths) if ngram_types else [],
             note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; "
             "own_ms_per_pass = verispec's time per target pass outside llama.cpp's passes "
             "(sampling, the rule, bookkeeping, logits copies); "
             "own_share_of_target_pass = that over the target pass's own time",
         ),
+        sweeps,
     )
 
 
-def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, header: dict) -> dict:
+def _program(directory: str | Path) -> Path:
+    program = Path(directory) / SPECULATIVE_PROGRAM
+    if not program.is_file():
+        raise ValueError(
+            f"--llama-cpp-bin {directory}: no {SPECULATIVE_PROGRAM} there "
+            "(benchmarks/build_llama_speculative.sh builds it)"
+        )
+    return program
+
+
+def _report(
+    rounds: dict[str, list[list[dict]]],
+    tokenizer: GGUFTokenizer,
+    header: dict,
+    sweeps: dict[str, tuple[str, int]] | None = None,
+) -> dict:
+    """The report's rows: per system, median tokens/s, acceptance and identity; each n-gram
+    drafter of `sweeps` (system name -> (drafter, length)) kept at its fastest length."""
     reference = [r["tokens"] for r in rounds[PLAIN][-1]]
     reference_text = [tokenizer.decode(t) for t in reference]
     own_plain = [r["tokens"] for r in rounds["verispec plain"][-1]] if "verispec plain" in rounds else None
@@ -323,9 +288,12 @@ def _report(rounds: dict[str, list[list[dict]]], tokenizer: GGUFTokenizer, heade
             ):  # exactness: speculative = plain
                 row["identical_to_verispec_plain"] = all(r["tokens"] == tokens for r, tokens in zip(last, own_plain))
         rows.append(row)
+    rows = llamacpp_program.keep_best_lengths(rows, sweeps or {})
     base = rows[0]["tokens_per_s"]
     own = [row["tokens_per_s"] for row in rows if row["system"].startswith("llama.cpp speculative")]
+    ngram = [row["tokens_per_s"] for row in rows if "draft_length_sweep" in row]
     for row in rows:
         row["vs_llamacpp_plain"] = row["tokens_per_s"] / base
         row["vs_llamacpp_speculative_best"] = row["tokens_per_s"] / max(own) if own else None
+        row["vs_llamacpp_ngram_best"] = row["tokens_per_s"] / max(ngram) if ngram else None
     return {**header, "runs": rows}

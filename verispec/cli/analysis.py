@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .. import assemble
+from ..analysis.llamacpp_program import NGRAM_CACHE_LENGTH, NGRAM_DRAFT_LENGTHS, parse_lengths, parse_ngram_types
 from ..config import SamplingParams
 from . import reports
 from .common import (
@@ -163,6 +164,18 @@ def _add_bench(commands) -> None:
         "--llama-cpp-bin",
         help="with --peer llamacpp: a directory holding llama.cpp's llama-speculative-simple (same llama.cpp version)",
     )
+    bench.add_argument(
+        "--peer-ngram",
+        metavar="all|TYPE,...",
+        help="with --peer llamacpp and --llama-cpp-bin: also llama.cpp's n-gram drafters (ngram-simple, ngram-map-k, "
+        "ngram-map-k4v, ngram-mod, ngram-cache), each at its fastest draft length of --peer-ngram-lengths",
+    )
+    bench.add_argument(
+        "--peer-ngram-lengths",
+        default=",".join(map(str, NGRAM_DRAFT_LENGTHS)),
+        help=f"draft lengths swept for each n-gram drafter (default {','.join(map(str, NGRAM_DRAFT_LENGTHS))}; "
+        f"ngram-cache's is fixed at {NGRAM_CACHE_LENGTH})",
+    )
 
 
 def _check_reports(args: argparse.Namespace) -> None:
@@ -174,6 +187,10 @@ def _check_reports(args: argparse.Namespace) -> None:
         check_directory(args.plot_dir, "--plot-dir")
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot-dir needs matplotlib (pip install matplotlib)")
+    if args.peer_ngram is not None and (args.peer != "llamacpp" or args.llama_cpp_bin is None):
+        raise ValueError("--peer-ngram needs --peer llamacpp and --llama-cpp-bin")
+    if args.peer_ngram is not None:
+        parse_ngram_types(args.peer_ngram), parse_lengths(args.peer_ngram_lengths)
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
         raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
 
@@ -259,6 +276,7 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
     reason = assemble.llamacpp_unavailable()
     if reason:
         return fail(f"--peer llamacpp: {reason}")
+    ngram_types = parse_ngram_types(args.peer_ngram) if args.peer_ngram is not None else []
     texts = read_prompts(args.prompts, args.max_prompts)
     target, (draft,) = assemble.gguf_files(settings, [settings.draft])
     result = run_llamacpp_peer_bench(
@@ -273,6 +291,8 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         args.threads,
         args.llama_cpp_bin,
         confidence_threshold=args.confidence_threshold,
+        ngram_types=ngram_types,
+        ngram_draft_lengths=parse_lengths(args.peer_ngram_lengths),
     )
     print(
         "\n".join(

@@ -5,6 +5,8 @@ nothing here measures or loads anything.
 
 from __future__ import annotations
 
+from ..analysis.llamacpp_program import PROGRAM
+
 
 def bench_lines(result: dict, repeats: int) -> list[str]:
     """`verispec bench`: one row per (k, temperature, mode), then what the columns mean."""
@@ -75,9 +77,11 @@ def peer_llamacpp_lines(
     """`bench --peer llamacpp`: verispec on llama.cpp against llama-cpp-python and llama.cpp's own
     speculative decoding."""
     versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
+    ngram = any(row.get("vs_llamacpp_ngram_best") is not None for row in result["runs"])
     header = (
-        f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec best':>22} {'alpha_hat':>9} "
-        f"{'own ms/pass':>11}  identical"
+        f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec best':>22} "
+        + (f"{'vs n-gram best':>14} " if ngram else "")
+        + f"{'alpha_hat':>9} {'own ms/pass':>11}  identical"
     )
     lines = [header]
     for row in result["runs"]:
@@ -90,7 +94,8 @@ def peer_llamacpp_lines(
         )
         lines.append(
             f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} {best:>22} "
-            f"{alpha:>9} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
+            + (f"{row['vs_llamacpp_ngram_best']:>14.2f} " if ngram else "")
+            + f"{alpha:>9} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
             f"({row.get('identical_prompts', '-')}/{result['prompts']})"
         )
     stop = (
@@ -105,6 +110,12 @@ def peer_llamacpp_lines(
         f"{repeats} rounds; own ms/pass: verispec's time outside llama.cpp per target pass (share of the target "
         f"pass){stop}; {result['compiled_step']}"
     )
+    if ngram:
+        lines.append(
+            f"llama.cpp's n-gram drafters: {PROGRAM} --spec-type TYPE, no draft model, each at its fastest draft "
+            f"length of {','.join(map(str, result['ngram_draft_lengths']))} (n=; ngram-cache's is fixed), other "
+            "settings at its defaults"
+        )
     return lines
 
 

@@ -1,0 +1,169 @@
+"""llama.cpp's own `llama-speculative-simple`, run as a peer: its command lines, its log, its n-gram drafters.
+
+Owns the program's name, the command line for its draft-model decoding (`--spec-type
+draft-simple`) and for each of its model-free n-gram drafters (`--spec-type ngram-simple`,
+`ngram-map-k`, `ngram-map-k4v`, `ngram-mod`, `ngram-cache`, no draft model), the parse of its
+output (text, decode speed, drafted and accepted counts), and the choice of each n-gram
+drafter's best draft length from a sweep. Knows nothing of verispec's engine or of the report's
+other rows.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+PROGRAM = "llama-speculative-simple"
+# the flag that sets each n-gram drafter's draft length in this llama.cpp version (common/arg.cpp);
+# ngram-cache has none: its draft length is fixed at 8 (common/speculative.cpp, create_state_ngram_cache)
+NGRAM_LENGTH_FLAGS: dict[str, str | None] = {
+    "ngram-simple": "--spec-ngram-simple-size-m",
+    "ngram-map-k": "--spec-ngram-map-k-size-m",
+    "ngram-map-k4v": "--spec-ngram-map-k4v-size-m",
+    "ngram-mod": "--spec-ngram-mod-n-max",
+    "ngram-cache": None,
+}
+NGRAM_CACHE_LENGTH = 8
+NGRAM_DRAFT_LENGTHS = (4, 8, 16, 48)  # the default sweep: short drafts to llama.cpp's own default (48)
+
+
+def parse_ngram_types(spec: str) -> list[str]:
+    """'all' or a comma-separated list of n-gram drafter names, checked, in the order given."""
+    names = list(NGRAM_LENGTH_FLAGS) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in NGRAM_LENGTH_FLAGS]
+    if not names or unknown:
+        raise ValueError(f"--peer-ngram must be 'all' or a list of {', '.join(NGRAM_LENGTH_FLAGS)}, got {spec!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_lengths(text: str) -> list[int]:
+    """--peer-ngram-lengths: comma-separated draft lengths, integers >= 1."""
+    try:
+        lengths = [int(item) for item in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"--peer-ngram-lengths must list integers >= 1, got {text!r}")
+    return list(dict.fromkeys(lengths))
+
+
+def ngram_lengths(spec_type: str, lengths: Sequence[int]) -> list[int]:
+    """The draft lengths to sweep for one drafter: `lengths`, or ngram-cache's fixed one."""
+    return [NGRAM_CACHE_LENGTH] if NGRAM_LENGTH_FLAGS[spec_type] is None else list(lengths)
+
+
+def ngram_system(spec_type: str, length: int) -> str:
+    """The report's name of one n-gram drafter at one draft length."""
+    return f"llama.cpp {spec_type} n={length} ({PROGRAM})"
+
+
+def command(
+    program: Path,
+    target: Path,
+    text: str,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    threads: int,
+    n_ctx: int,
+    *,
+    draft: Path | None = None,
+    k: int = 4,
+    p_min: float = 0.0,
+    ngram: str | None = None,
+) -> list[str]:
+    """The program's command line: the draft model `draft` at draft length k (`draft-simple`), or
+    with `ngram` set, that n-gram drafter at draft length k and no draft model. The prompt is taken
+    as given (no escape processing); flash attention off like every other system of the
+    comparison; other settings at the program's defaults."""
+    if (draft is None) == (ngram is None):
+        raise ValueError("give a draft model or an n-gram drafter, not both or neither")
+    sampling = (
+        ["--temp", "0"]
+        if temperature == 0
+        else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    )
+    if ngram is None:
+        spec = ["-md", str(draft), "-td", str(threads), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
+        spec += ["--spec-draft-p-min", str(p_min)] if p_min else []
+    else:
+        flag = NGRAM_LENGTH_FLAGS[ngram]
+        spec = ["--spec-type", ngram] + ([flag, str(k)] if flag else [])
+    return [
+        str(program),
+        "-m",
+        str(target),
+        *spec,
+        "--no-escape",  # the prompt as given: by default it would read "\\n" in the text as a line end
+        "-p",
+        text,
+        "-n",
+        str(max_new_tokens),
+        "-t",
+        str(threads),
+        "-c",
+        str(n_ctx),
+        "-s",
+        str(seed),
+        "-fa",
+        "off",
+        *sampling,
+    ]
+
+
+def parse_output(stdout: str, stderr: str, prompt: str) -> dict | None:
+    """Its continuation (it prints the prompt, then the continuation), decode speed and
+    acceptance from its log; None when the log has no decode line."""
+    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", stderr)
+    if speed is None:
+        return None
+    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", stderr), re.search(r"n_accept\s*=\s*(\d+)", stderr)
+    printed = stdout.removeprefix("\n\n").removesuffix("\n\n")
+    return {
+        "text": printed.removeprefix(prompt),
+        "decoded": int(speed.group(1)),
+        "seconds": float(speed.group(2)),
+        "drafted": int(drafted.group(1)) if drafted else 0,
+        "accepted": int(accepted.group(1)) if accepted else 0,
+    }
+
+
+def run(command_line: list[str], prompt: str) -> dict:
+    """Run the program on one prompt: its text, decode speed and acceptance."""
+    for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
+        done = subprocess.run(command_line, capture_output=True, text=True, errors="replace", timeout=600)
+        result = parse_output(done.stdout, done.stderr, prompt)
+        if done.returncode == 0 and result is not None:
+            return result
+    tail = " / ".join(done.stderr.strip().splitlines()[-3:])
+    raise RuntimeError(f"{Path(command_line[0]).name} failed (exit {done.returncode}): {tail}")
+
+
+def keep_best_lengths(rows: list[dict], sweeps: dict[str, tuple[str, int]]) -> list[dict]:
+    """One row per n-gram drafter, its fastest draft length's (ties: the shorter), renamed to say
+    which length won of which; `draft_length_sweep` keeps every length's tokens/s. `sweeps` maps
+    a row's system name to (drafter, length); rows not in it pass unchanged, in order."""
+    by_type: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["system"] in sweeps:
+            by_type.setdefault(sweeps[row["system"]][0], []).append(row)
+    out = []
+    for row in rows:
+        if row["system"] not in sweeps:
+            out.append(row)
+            continue
+        spec_type, _ = sweeps[row["system"]]
+        group = by_type[spec_type]
+        if row is not group[0]:
+            continue
+        best = max(group, key=lambda r: (r["tokens_per_s"], -sweeps[r["system"]][1]))
+        lengths = [sweeps[r["system"]][1] for r in group]
+        sweep = {str(length): r["tokens_per_s"] for length, r in zip(lengths, group)}
+        won = sweeps[best["system"]][1]
+        name = f"llama.cpp {spec_type} n={won}" + (
+            f", best of {','.join(map(str, lengths))}" if len(lengths) > 1 else ", fixed"
+        )
+        out.append({**best, "system": name, "draft_length": won, "draft_length_sweep": sweep})
+    return out
