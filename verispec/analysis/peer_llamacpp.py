@@ -33,8 +33,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..config import SamplingParams
+from ..drafters.combined import CombinedDrafter
 from ..drafters.model import ModelDrafter
 from ..drafters.ngram import PromptLookupDrafter
+from ..drafters.suffix import SuffixDrafter
 from ..engine import generate_all
 from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
 from ..policy import AdaptiveLength
@@ -96,6 +98,7 @@ def run_llamacpp_peer_bench(
     confidence_threshold: float = 0.0,
     ngram_types: Sequence[str] = (),
     ngram_draft_lengths: Sequence[int] = NGRAM_DRAFT_LENGTHS,
+    suffix: bool = False,
 ) -> dict:
     """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
     speculative decoding at its best k, acceptance, verispec's own share, and identity.
@@ -105,7 +108,9 @@ def run_llamacpp_peer_bench(
     with it (verispec's `ModelDrafter` and llama.cpp's program, `--spec-draft-p-min`: both
     stop drafting under the same rule), so that each side's best is taken over both.
     `ngram_types` (needs `speculative_bin`) adds llama.cpp's n-gram drafters, each at its best of
-    `ngram_draft_lengths`."""
+    `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting (and suffix + the draft model, with
+    one), whose corpus spans the prompts of a round in order (requests served one after another) and
+    starts empty each round."""
     numeric = [k for k in ks if k != "auto"]
     if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
         raise ValueError(
@@ -133,11 +138,15 @@ def run_llamacpp_peer_bench(
             target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2)
         )
 
-    def verispec(k: int | str, threshold: float = 0.0) -> Callable[[int], dict]:
+    def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None) -> Callable[[int], dict]:
         def run(i: int) -> dict:
             drafter = None if k == 0 else ModelDrafter(draft, threshold) if draft is not None else PromptLookupDrafter()
+            if lookup is not None:  # suffix drafting, alone or before the draft model; a new corpus each round
+                if i == 0:
+                    lookup.clear_corpus()
+                drafter = lookup if draft is None else CombinedDrafter(lookup, drafter)
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
-            models = [target] + ([draft] if isinstance(drafter, ModelDrafter) else [])
+            models = [target] + ([draft] if isinstance(drafter, (ModelDrafter, CombinedDrafter)) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
             stats = SpecStats()
             tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
@@ -163,6 +172,10 @@ def run_llamacpp_peer_bench(
     for threshold in thresholds:
         for k in ks:
             systems[name.format(k) + (f", confidence {threshold:g}" if threshold else "")] = verispec(k, threshold)
+    if suffix:
+        for k in ks:
+            name = "verispec suffix k={}" if draft is None else "verispec suffix+draft k={}"
+            systems[name.format(k)] = verispec(k, lookup=SuffixDrafter(keep_corpus=True))
     if draft is None:
         for k in numeric:
             lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)

@@ -171,6 +171,12 @@ def _add_bench(commands) -> None:
         "ngram-map-k4v, ngram-mod, ngram-cache), each at its fastest draft length of --peer-ngram-lengths",
     )
     bench.add_argument(
+        "--peer-suffix",
+        action="store_true",
+        help="with --peer llamacpp: also verispec's suffix drafting (and suffix+DRAFT with a draft model), at each "
+        "--k, its corpus spanning the prompts of a round in order, as a server's spans its requests",
+    )
+    bench.add_argument(
         "--peer-ngram-lengths",
         default=",".join(map(str, NGRAM_DRAFT_LENGTHS)),
         help=f"draft lengths swept for each n-gram drafter (default {','.join(map(str, NGRAM_DRAFT_LENGTHS))}; "
@@ -191,6 +197,8 @@ def _check_reports(args: argparse.Namespace) -> None:
         raise ValueError("--peer-ngram needs --peer llamacpp and --llama-cpp-bin")
     if args.peer_ngram is not None:
         parse_ngram_types(args.peer_ngram), parse_lengths(args.peer_ngram_lengths)
+    if args.peer_suffix and args.peer != "llamacpp":
+        raise ValueError("--peer-suffix needs --peer llamacpp")
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
         raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
 
@@ -293,6 +301,7 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         confidence_threshold=args.confidence_threshold,
         ngram_types=ngram_types,
         ngram_draft_lengths=parse_lengths(args.peer_ngram_lengths),
+        suffix=args.peer_suffix,
     )
     print(
         "\n".join(
