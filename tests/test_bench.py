@@ -304,6 +304,13 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     for flags, message in ((["--peer-ngram", "ngram-x"], "--peer-ngram must be"), (["--peer-ngram-lengths", "0"], "")):
         assert main(common + ["--draft", "ngram", "--llama-cpp-bin", str(tmp_path), "--peer-ngram", "all", *flags]) == 2
         assert (message or "--peer-ngram-lengths must list") in capsys.readouterr().err
+    assert main(common + ["--draft", "ngram", "--k", "2", "--peer-suffix", "--json", str(tmp_path / "s.json")]) == 0
+    runs = {r["system"]: r for r in json.loads((tmp_path / "s.json").read_text())["runs"]}
+    assert runs["verispec suffix k=2"]["identical_to_verispec_plain"]
+    combined = ["--draft", str(draft_dir), "--k", "2", "--peer-suffix", "--json", str(tmp_path / "c.json")]
+    assert main(common + combined) == 0
+    runs = {r["system"]: r for r in json.loads((tmp_path / "c.json").read_text())["runs"]}
+    assert runs["verispec suffix+draft k=2"]["identical_to_verispec_plain"]
 
 
 def test_a_difference_is_explained_by_the_targets_top2_logit_gap(pair):
