@@ -468,7 +468,7 @@ def test_load_model_errors_are_one_line(tmp_path):
         load_model(tmp_path / "sliding")
 
 
-def test_cli_generates_with_a_gpt2_target_and_refuses_a_foreign_draft(tmp_path, capsys):
+def test_cli_generates_with_a_gpt2_target_and_a_draft_of_another_tokenizer(tmp_path, capsys):
     _, toy_draft = make_toy_pair(tmp_path / "toy")  # verispec Llama models, byte-level tokenizer (257 tokens)
     tokenizer = byte_level_tokenizer()
     gpt2_dir = tmp_path / "gpt2"
@@ -484,6 +484,7 @@ def test_cli_generates_with_a_gpt2_target_and_refuses_a_foreign_draft(tmp_path, 
     vocab = json.loads((gpt2_dir / "tokenizer.json").read_text())
     swapped = vocab["model"]["vocab"]
     swapped["a"], swapped["b"] = swapped["b"], swapped["a"]
-    (toy_draft / "tokenizer.json").write_text(json.dumps(vocab))
-    assert main(common + ["--draft", str(toy_draft)]) == 2
-    assert "token 'a' is id" in capsys.readouterr().err
+    (toy_draft / "tokenizer.json").write_text(json.dumps(vocab))  # the draft's ids of 'a' and 'b' swapped
+    assert main(common + ["--draft", str(toy_draft), "--k", "3"]) == 0  # another tokenizer: token-level intersection
+    out, err = capsys.readouterr()
+    assert "token-level intersection: " in err and out.splitlines()[:-1] == plain[:-1]
