@@ -59,6 +59,16 @@ def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int, promp
     return np.bincount(cells, minlength=target.vocab_size**JOINT_TOKENS), stats
 
 
+def assert_joint_exact(target, drafter, params: SamplingParams, k: int, n: int, prompt: list[int], label: str):
+    """The joint distribution of JOINT_TOKENS tokens after `prompt` is the processed target's (chi-square at
+    1e-9), and the rule both accepted and rejected; returns the run's SpecStats."""
+    exact = target.continuation_probs(prompt, JOINT_TOKENS, params)  # under the PROCESSED target
+    counts, stats = _joint_counts(target, drafter, params, k, n, prompt)
+    assert_distributed_as(counts, exact.ravel(), are_counts=True, label=label)
+    assert 0 < stats.accepted < stats.proposed, stats.summary()
+    return stats
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize(
     "setting, draft",

@@ -19,8 +19,17 @@ import random
 
 import pytest
 import torch
-from stats_helpers import assert_distributed_as
-from test_engine import JOINT_N, JOINT_TOKENS, NEGATIVE_N, PROMPTS_1, PROMPTS_4, T1, _assert_joint_fails, tiny_llama
+from test_engine import (
+    JOINT_N,
+    JOINT_TOKENS,
+    NEGATIVE_N,
+    PROMPTS_1,
+    PROMPTS_4,
+    T1,
+    _assert_joint_fails,
+    assert_joint_exact,
+    tiny_llama,
+)
 from test_engine import _joint_counts as engine_joint_counts
 from test_policy import Scripted
 from toy_models import MarkovLM
@@ -168,10 +177,8 @@ def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int):
 def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k):
     target, _ = markov
     params = SamplingParams(**setting, seed=2000 + k, max_new_tokens=JOINT_TOKENS)
-    exact = target.continuation_probs(REPEAT_PROMPT, JOINT_TOKENS, params)  # under the PROCESSED target
-    counts, stats = _joint_counts(target, PromptLookupDrafter(), params, k, JOINT_N)
-    assert_distributed_as(counts, exact.ravel(), are_counts=True, label=f"{setting} k={k} prompt lookup")
-    assert 0 < stats.accepted < stats.proposed, stats.summary()
+    label = f"{setting} k={k} prompt lookup"
+    stats = assert_joint_exact(target, PromptLookupDrafter(), params, k, JOINT_N, REPEAT_PROMPT, label)
     assert stats.accepted_by_position[min(k, JOINT_TOKENS) - 1] > 0  # whole blocks accepted too
 
 

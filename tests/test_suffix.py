@@ -25,8 +25,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from stats_helpers import assert_distributed_as
-from test_engine import JOINT_TOKENS, NEGATIVE_N, PROMPTS_1, PROMPTS_4, T1, _assert_joint_fails, tiny_llama
+from test_engine import (
+    JOINT_TOKENS,
+    NEGATIVE_N,
+    PROMPTS_1,
+    PROMPTS_4,
+    T1,
+    _assert_joint_fails,
+    assert_joint_exact,
+    tiny_llama,
+)
 from test_engine import _joint_counts as engine_joint_counts
 from test_policy import Scripted
 
@@ -307,10 +315,8 @@ def _joint_counts(target, drafter, params: SamplingParams, k: int, n: int):
 def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k):
     target, _ = markov
     params = SamplingParams(**setting, seed=3000 + k, max_new_tokens=JOINT_TOKENS)
-    exact = target.continuation_probs(REPEAT_PROMPT, JOINT_TOKENS, params)  # under the PROCESSED target
-    counts, stats = _joint_counts(target, SuffixDrafter(match_factor=2.0), params, k, SUFFIX_JOINT_N)
-    assert_distributed_as(counts, exact.ravel(), are_counts=True, label=f"{setting} k={k} suffix")
-    assert 0 < stats.accepted < stats.proposed, stats.summary()
+    drafter, label = SuffixDrafter(match_factor=2.0), f"{setting} k={k} suffix"
+    stats = assert_joint_exact(target, drafter, params, k, SUFFIX_JOINT_N, REPEAT_PROMPT, label)
     assert stats.accepted_by_position[min(k, JOINT_TOKENS) - 1] > 0  # whole blocks accepted too
 
 

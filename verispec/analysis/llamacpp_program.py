@@ -132,7 +132,7 @@ def parse_output(stdout: str, stderr: str, prompt: str) -> dict | None:
 
 def run(command_line: list[str], prompt: str) -> dict:
     """Run the program on one prompt: its text, decode speed and acceptance."""
-    for _attempt in range(3):  # its log is written by a thread of its own; seen once cut short at exit: run it again
+    for _attempt in range(3):  # its log is written by a thread of its own and can be cut short at exit: run it again
         done = subprocess.run(command_line, capture_output=True, text=True, errors="replace", timeout=600)
         result = parse_output(done.stdout, done.stderr, prompt)
         if done.returncode == 0 and result is not None:

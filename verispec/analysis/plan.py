@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..config import SamplingParams
+from ..drafters.combined import CombinedDrafter
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
 from ..sampling import RowSampling, process_logits
@@ -79,7 +80,7 @@ def teacher_forced_blocks(
     (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
     proposes [T] bool. `draft` is a causal LM, a ModelDrafter, a PromptLookupDrafter or a
     SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there)."""
-    if hasattr(draft, "lookup") and hasattr(draft, "drafter"):  # a combined draft
+    if isinstance(draft, CombinedDrafter):  # a combined draft
         return [block for block, _ in combined_blocks(target, draft, sequences, starts, params, k_max)]
     model = draft_model_of(draft)
     if model is None and not isinstance(draft, PromptLookupDrafter) and not hasattr(draft, "replay"):
@@ -214,7 +215,7 @@ def plan(
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
-        if hasattr(draft, "lookup") and hasattr(draft, "drafter"):  # a combined draft: the model runs where it runs
+        if isinstance(draft, CombinedDrafter):  # a combined draft: the model runs where it runs
             pairs = combined_blocks(target, draft, sequences, starts, params, k_max)
             blocks, runs = [block for block, _ in pairs], [run for _, run in pairs]
         else:

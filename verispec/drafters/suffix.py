@@ -219,9 +219,9 @@ class SuffixDrafter:
     def propose(self, k: int, sampling: RowSampling | None = None) -> tuple[torch.Tensor, None]:
         """draft_token_ids [B, k'] long (k' <= k: the longest row's proposal; 0 when no row
         proposes anything) and None: q is one-hot at the proposal."""
-        walks = [self.walk(row, k) for row in self.rows] if k > 0 else []
-        width = max((length for _, length in walks), default=0)
-        self._proposal = [tokens[:width] for tokens, _ in walks] if width else [[] for _ in self.rows]
+        walks, lengths = self._walks(k)
+        width = max(lengths, default=0)
+        self._proposal = [tokens[:width] for tokens in walks] if width else [[] for _ in self.rows]
         if not width:
             return torch.zeros(len(self.rows), 0, dtype=torch.long, device=self.device), None
         return torch.tensor(self._proposal, dtype=torch.long, device=self.device), None
@@ -229,10 +229,13 @@ class SuffixDrafter:
     def confident(self, k: int) -> tuple[torch.Tensor, list[int]]:
         """For a combined draft (drafters/combined.py): every row's padded walk [B, k] and, per row, the length
         of its proposal (0 where the match or its score is too weak to propose anything)."""
-        walks = [self.walk(row, k) for row in self.rows]
-        return torch.tensor([tokens for tokens, _ in walks], dtype=torch.long, device=self.device), [
-            length for _, length in walks
-        ]
+        walks, lengths = self._walks(k)
+        return torch.tensor(walks, dtype=torch.long, device=self.device).view(len(self.rows), k), lengths
+
+    def _walks(self, k: int) -> tuple[list[list[int]], list[int]]:
+        """Every row's padded walk (k tokens) and its proposal's length; none when k = 0."""
+        walks = [self.walk(row, k) for row in self.rows] if k > 0 else []
+        return [tokens for tokens, _ in walks], [length for _, length in walks]
 
     def take(self, proposal: torch.Tensor) -> None:
         """What this pass proposed [B, k'] when another drafter chose it: commit() appends from it."""
