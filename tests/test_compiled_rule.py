@@ -51,7 +51,7 @@ def _python(logits, proposals, q, temperature: float, seed: int):
     sampling = RowSampling(SamplingParams(temperature=temperature, seed=seed), rows)
     uniforms = RowStreams(sampling.seeds).uniform((rows, k + 1)).numpy()  # the numbers verify draws: k tests, one draw
     scores = logits.argmax(-1) if temperature == 0 else logits  # what step.score hands the rule
-    output, accepted, beta = verify_batch(scores, proposals, q, sampling, [0] * rows)
+    output, accepted, beta, _ = verify_batch(scores, proposals, q, sampling, [0] * rows)
     found = [
         (out[: n + 1], n, b[: min(n + 1, k)])
         for out, n, b in zip(output.tolist(), accepted.tolist(), beta.double().tolist())

@@ -469,7 +469,7 @@ def test_greedy_rule_on_token_ids_equals_the_general_rule(declared_q):
     else:
         q = None
     params = SamplingParams(temperature=0)
-    output, accepted, beta = verify_batch(argmax, draft, q, RowSampling(params, batch), [0] * batch)
+    output, accepted, beta, _ = verify_batch(argmax, draft, q, RowSampling(params, batch), [0] * batch)
     p = process_logits(logits, params)
     expected_output, expected_accepted = verify(draft, q, p, generator)
     assert torch.equal(output, expected_output) and torch.equal(accepted, expected_accepted)

@@ -91,9 +91,9 @@ def verify_batch(
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     sampling: RowSampling,
     start_lengths: list[int],  # [B] row b's pass predicts positions start_lengths[b] + 1 ..
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The accept-reject rule on one pass, each row by its own settings: (output [B, k+1],
-    num_accepted [B], beta [B, k]).
+    num_accepted [B], beta [B, k], target_probs [B, k+1, V] or None where every row is greedy).
 
     At temperature 0 p is one-hot at the argmax (as process_logits makes it), so the rule is
     `verify_greedy` on token ids and beta = sum min(p, q) = q(argmax): the same result as the
@@ -106,8 +106,8 @@ def verify_batch(
     if scores.dim() == 2:  # every row greedy: the argmax ids
         output, num_accepted = verify_greedy(draft_token_ids, scores)
         if draft_probs is None:  # q one-hot at the proposal
-            return output, num_accepted, (draft_token_ids == scores[:, :k]).float()
-        return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1)
+            return output, num_accepted, (draft_token_ids == scores[:, :k]).float(), None
+        return output, num_accepted, draft_probs.gather(-1, scores[:, :k, None]).squeeze(-1), None
     if draft_probs is not None and draft_probs.shape[-1] != scores.shape[-1]:
         raise ValueError(f"draft vocabulary ({draft_probs.shape[-1]}) differs from the target's ({scores.shape[-1]})")
     target_probs = sampling.process(scores)  # [B, k+1, V]
@@ -120,7 +120,7 @@ def verify_batch(
         output, num_accepted = verify(draft_token_ids, draft_probs, target_probs, streams)
         if draft_probs is None:  # coupled form: one number per committed token, the rest unread
             streams.counters = drawn + num_accepted + 1
-        return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs)
+        return output, num_accepted, acceptance_probability(draft_token_ids, draft_probs, target_probs), target_probs
     positions = (
         torch.tensor(start_lengths, device=scores.device)[:, None] + 1 + torch.arange(k + 1, device=scores.device)
     )  # [B, k+1]
@@ -139,7 +139,7 @@ def verify_batch(
         if q is None:
             streams.counters[index] = drawn[index] + rows_accepted + 1
         beta[index] = acceptance_probability(draft_token_ids[index], q, p)
-    return output, num_accepted, beta
+    return output, num_accepted, beta, target_probs
 
 
 def _at(probs: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

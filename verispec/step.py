@@ -98,9 +98,12 @@ class PythonStep:
         sync(self.device)
         scored = time.perf_counter()
         starts = self._start_lengths
-        output, num_accepted, beta = verify_batch(
+        output, num_accepted, beta, target_probs = verify_batch(
             scores, draft_token_ids, draft_probs, self.sampling, starts
-        )  # [B, k+1], [B], [B, k]
+        )  # [B, k+1], [B], [B, k], [B, k+1, V] or None
+        observe = getattr(self.drafter, "observe_target", None)  # a drafter that learns from p (proposal.py)
+        if observe is not None and target_probs is not None and k > 0:
+            observe(target_probs, num_accepted, self.sampling.rows("rejection"))
         # the sync (float64: ids exact)
         host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()
         accepted = [int(row[k + 1]) for row in host]

@@ -22,6 +22,7 @@ import torch
 
 from ..models.llama import KVCache
 from ..models.rows import prefill_rows
+from ..proposal import ProposalTemperature, acceptance_grid, sharpen, verified_positions
 from ..sampling import RowSampling
 from .base import OwnModel
 
@@ -34,14 +35,20 @@ class ModelDrafter:
     tokens where the draft is unsure (`transformers`' assistant_confidence_threshold, llama.cpp's
     --draft-p-min); rows that are done do not count. The decision uses only the draft's own
     distributions, so the rule stays exact.
+
+    `draft_temperature` (None: auto): rows sampled by the rejection rule propose from q sharpened
+    by a proposal temperature tau (proposal.py), fixed, or chosen per row by the acceptance every
+    tau of the grid would have had at the verified positions (`observe_target`).
     """
 
-    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0):
+    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0, draft_temperature: float | None = None):
         if not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
         self.confidence_threshold = confidence_threshold
+        self.proposal = ProposalTemperature(draft_temperature)
         self.cache: KVCache | None = None
+        self._base_probs: torch.Tensor | None = None  # [B, k, V] q before sharpening (auto: for observe_target)
 
     @property
     def vocab_size(self) -> int:
@@ -59,6 +66,7 @@ class ModelDrafter:
             [list(p) + [0] * (longest - len(p)) for p in prompts], dtype=torch.long, device=device
         )  # [B, P]
         self.pending_count = [len(p) for p in prompts]
+        self.proposal.start(len(prompts))
         self._live = torch.ones(len(prompts), dtype=torch.bool, device=device)  # [B] rows still generating
         self._unread: list[list[int] | None] = [None] * len(
             prompts
@@ -86,6 +94,7 @@ class ModelDrafter:
         self.pending_count = [self.pending_count[r] for r in rows]
         self._prompts = [self._prompts[r] for r in rows]
         self._unread = [self._unread[r] for r in rows]
+        self.proposal.keep_rows(rows)
 
     def reserve_row(self):
         """A one-row cache for a prompt read piece by piece before its request joins (the
@@ -113,6 +122,7 @@ class ModelDrafter:
         self.pending_count += [1] * len(prompts)
         self._live = torch.cat([self._live, self._live.new_ones(len(prompts))])
         self._prompts = self._prompts + [list(p) for p in prompts]
+        self.proposal.add_rows(len(prompts))
 
     @property
     def joined_unread(self) -> int:
@@ -143,7 +153,7 @@ class ModelDrafter:
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.cache is not None, "start() first"
         batch = self.cache.batch_size
-        self._k = k
+        self._k, self._base_probs = k, None
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         self.read_joined()
@@ -165,8 +175,9 @@ class ModelDrafter:
         logits = self._last_logits(self.pending[:, :width])  # [B, 1, V]
         if width > 1:  # rows with fewer pending tokens fed pads: roll them back
             self.cache.rollback([n + c for n, c in zip(self._start_lengths, self.pending_count)])
-        token_ids, probs = [], []
+        token_ids, probs, base = [], [], []
         keep_probs = bool(sampling.rows("rejection"))  # greedy and invariant rows: q one-hot at the proposal
+        taus = self._taus(sampling) if keep_probs else None  # [B] each row's proposal temperature, or None: q
         # Proposal i of row b is at absolute position committed[b] + i, where the target's noise for it is
         # (invariant mode).
         committed = torch.tensor(
@@ -179,10 +190,12 @@ class ModelDrafter:
                 token_ids.append(logits[:, -1].float().argmax(dim=-1))  # [B]
                 top = torch.softmax(logits[:, -1].float(), dim=-1).amax(dim=-1) if self.confidence_threshold else None
             else:  # each row by its own settings: a draw from its own generator, or its invariant choice
-                q = sampling.process(logits[:, -1:])  # [B, 1, V], the distribution drawn from
-                token_ids.append(sampling.draw(q, committed[:, None] + i)[:, 0])
+                q = sampling.process(logits[:, -1:])  # [B, 1, V]
+                proposal = q if taus is None else sharpen(q, taus[:, None])  # [B, 1, V], the distribution drawn from
+                token_ids.append(sampling.draw(proposal, committed[:, None] + i)[:, 0])
                 if keep_probs:
-                    probs.append(q[:, 0])
+                    probs.append(proposal[:, 0])
+                    base.append(q[:, 0])
                 top = q[:, 0].amax(dim=-1) if self.confidence_threshold else None
             if top is not None and bool(
                 (top[self._live] < self.confidence_threshold).all()
@@ -190,8 +203,34 @@ class ModelDrafter:
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
+        self._base_probs = torch.stack(base, dim=1) if base and self.proposal.auto else None  # [B, k', V]
         # every row greedy or invariant: q is one-hot at each proposal, which is what draft_probs = None declares
         return draft_token_ids, (torch.stack(probs, dim=1) if probs else None)  # [B, k', V]
+
+    def _taus(self, sampling: RowSampling) -> torch.Tensor | None:
+        """[B] the proposal temperature of each row: its chosen tau where the rejection rule samples it,
+        1 (q itself) elsewhere; None where every row proposes from q."""
+        chosen = self.proposal.chosen()  # [B]
+        rejection = torch.zeros_like(chosen, dtype=torch.bool)
+        rejection[sampling.rows("rejection")] = True
+        taus = torch.where(rejection, chosen, 1.0)
+        return None if bool((taus == 1).all()) else taus.to(self.pending.device)
+
+    def observe_target(
+        self,
+        target_probs: torch.Tensor,  # [B, k+1, V] p of the pass that verified the last proposal
+        num_accepted: torch.Tensor,  # [B]
+        rows: list[int],  # the rows sampled by the rejection rule (the others propose from q: nothing to learn)
+    ) -> None:
+        """Auto proposal temperature: the acceptance each tau would have had at the verified positions."""
+        if self._base_probs is None or not rows:
+            return
+        k = self._base_probs.shape[1]
+        verified = verified_positions(num_accepted, k)  # [B, k]
+        outside = torch.ones(len(verified), dtype=torch.bool)
+        outside[rows] = False
+        verified[outside] = False
+        self.proposal.observe(acceptance_grid(self._base_probs, target_probs, self.proposal.taus), verified)
 
     def _last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids [B, W] (row b's real tokens first, then pads); logits [B, 1, V] at each row's

@@ -1,0 +1,120 @@
+"""The draft's proposal distribution: q sharpened by a proposal temperature tau, chosen by measured acceptance.
+
+The rule (rejection.py) is exact for any proposal distribution q' as long as each proposal is
+drawn from q' and q' is what the rule is told. A draft model proposes from
+
+    q'_tau = normalize(q ** (1 / tau)) on q's support,
+
+q the draft's processed distribution (sampling.process_logits, the target's settings): tau = 1
+is q itself (acceptance sum min(p, q), the best for a draft that samples from q), tau = 0 the
+argmax of q, one-hot (acceptance p(argmax q): llama.cpp's greedy draft with sample-and-match),
+and tau in between q sharpened. A small draft is less confident than a target whose distribution
+is truncated (top-k, top-p, min-p), so a sharper proposal often accepts more.
+
+At every verified position p and q are both in memory, so the acceptance sum min(p, q'_tau) of
+every tau in the grid is known there, counterfactually, at the cost of a few [V] vector
+operations: `acceptance_grid`. `ProposalTemperature` keeps a running mean of it per row
+(request) and tau, and proposes each row from its best tau: a full-information choice, so it
+needs no exploration. The estimate pools the draft positions (a row sees k of them per pass; the
+ranking of tau is the same at every depth in what we measured). Rows are independent: a row's
+choice reads only its own positions. Greedy rows (p and q one-hot) and invariant rows (whose
+coupling is invariant.py's Gumbel choice, not this rule) always propose at tau = 1.
+Knows nothing of models, drafters or the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TAUS = (1.0, 0.7, 0.5, 0.35, 0.2, 0.0)  # the grid of `--draft-temperature auto`: q first, the argmax last
+MEMORY = 256  # verified positions of a row after which an old one weighs 1/e
+
+
+def sharpen(
+    probs: torch.Tensor,  # [..., V] float32, a distribution (q)
+    tau: torch.Tensor | float,  # a number, or one per distribution: shape probs.shape[:-1]
+) -> torch.Tensor:
+    """q'_tau [..., V] float32: normalize(q ** (1 / tau)) on q's support; tau = 1 returns q unchanged,
+    tau = 0 the one-hot at q's argmax (the lowest id on ties, as argmax). Computed as
+    exp((log q - log max q) / tau), so that no power underflows to an all-zero row."""
+    tau = torch.as_tensor(tau, dtype=torch.float32, device=probs.device).expand(probs.shape[:-1])[..., None]  # [..., 1]
+    top = probs.amax(dim=-1, keepdim=True)  # [..., 1]
+    scaled = torch.where(probs > 0, torch.log(probs / top), float("-inf")) / tau.clamp_min(1e-6)
+    sharp = torch.softmax(scaled, dim=-1)
+    argmax = torch.zeros_like(probs).scatter_(-1, probs.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(tau == 1, probs, torch.where(tau == 0, argmax, sharp))
+
+
+def acceptance_grid(
+    draft_probs: torch.Tensor,  # [B, k, V] q (unsharpened)
+    target_probs: torch.Tensor,  # [B, >= k, V] p
+    taus: tuple[float, ...] = TAUS,
+) -> torch.Tensor:
+    """sum_x min(p_i(x), q'_tau,i(x)) for every tau of the grid: [B, k, G], G = len(taus)."""
+    k = draft_probs.shape[1]
+    p = target_probs[:, :k]
+    return torch.stack([torch.minimum(p, sharpen(draft_probs, tau)).sum(dim=-1) for tau in taus], dim=-1)
+
+
+class ProposalTemperature:
+    """The proposal temperature of each row of a batch: fixed, or chosen from `taus` by the row's
+    running mean acceptance of each (`observe`), the first of the grid (q) on ties and before any
+    observation. `fixed=None` is `--draft-temperature auto`."""
+
+    def __init__(self, fixed: float | None = None, taus: tuple[float, ...] = TAUS, memory: int = MEMORY):
+        if fixed is not None and not (isinstance(fixed, (int, float)) and 0.0 <= fixed <= 1.0):
+            raise ValueError(f"draft temperature must be 'auto' or a number in [0, 1], got {fixed!r}")
+        if memory < 1 or not taus:
+            raise ValueError("ProposalTemperature needs a grid of taus and a memory >= 1")
+        self.fixed, self.taus, self.decay = fixed, tuple(taus) if fixed is None else (float(fixed),), 1.0 - 1.0 / memory
+        self.sums = torch.zeros(0, len(self.taus), dtype=torch.float64)  # [B, G] decayed sums of acceptance
+        self.counts = torch.zeros(0, dtype=torch.float64)  # [B] decayed count of verified positions
+
+    @property
+    def auto(self) -> bool:
+        return self.fixed is None
+
+    def start(self, batch: int) -> None:
+        self.sums = torch.zeros(batch, len(self.taus), dtype=torch.float64)
+        self.counts = torch.zeros(batch, dtype=torch.float64)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.sums, self.counts = self.sums[rows], self.counts[rows]
+
+    def add_rows(self, count: int) -> None:
+        """New rows start with no observation (their choice reads only their own positions)."""
+        self.sums = torch.cat([self.sums, self.sums.new_zeros(count, len(self.taus))])
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
+
+    def chosen(self) -> torch.Tensor:
+        """Each row's tau now: [B] float32."""
+        best = (self.sums / self.counts.clamp_min(1.0)[:, None]).argmax(dim=-1)  # first of the grid on ties
+        return torch.tensor(self.taus, dtype=torch.float32)[best]
+
+    def estimates(self) -> torch.Tensor:
+        """Each row's mean acceptance per tau [B, G] (nan before any observation)."""
+        return self.sums / self.counts[:, None]
+
+    def observe(
+        self,
+        grid: torch.Tensor,  # [B, k, G] acceptance_grid at the pass's positions
+        verified: torch.Tensor,  # [B, k] bool: the positions the rule reached (accepted, and the first rejection)
+    ) -> None:
+        weight = verified.to(torch.float64)  # [B, k]
+        count = weight.sum(dim=1)  # [B]
+        decay = self.decay**count  # [B]: each verified position ages the older ones by one
+        self.sums = self.sums * decay[:, None] + (grid.to(torch.float64) * weight[..., None]).sum(dim=1)
+        self.counts = self.counts * decay + count
+
+    def summary(self) -> dict:
+        """The batch's choice and estimates, pooled over rows (for reports): {"tau": ..., "acceptance": {tau: mean}}."""
+        counts = self.counts.sum()
+        if self.fixed is not None or counts == 0:
+            return {"tau": self.taus[0] if self.fixed is None else self.fixed, "acceptance": {}}
+        means = (self.sums.sum(dim=0) / counts).tolist()
+        return {"tau": self.taus[max(range(len(means)), key=means.__getitem__)], "acceptance": dict(zip(self.taus, means))}
+
+
+def verified_positions(num_accepted: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k] bool: positions 0..min(n_b, k - 1) of row b, where the rule compared p and q."""
+    return torch.arange(k, device=num_accepted.device)[None, :] <= num_accepted[:, None]
