@@ -186,3 +186,21 @@ def test_invariant_rows_that_differ_by_more_than_a_near_tie_fail(toy, tmp_path, 
     assert code == 1 and not report["invariant"]["passed"]
     movable = 4 * report["deviation"]["largest"] / report["settings"]["temperature"]
     assert report["invariant"]["equal"] < 16 and min(report["invariant"]["gaps"]) > movable
+
+
+@pytest.mark.parametrize("tau", ["0.35", "auto"])
+def test_the_check_tests_the_proposal_temperature_in_use(toy, tmp_path, capsys, tau):
+    """(a) verifies q sharpened by the draft's proposal temperature: fixed, or auto's choice on the contexts."""
+    from verispec.proposal import TAUS
+
+    code, report = _check(
+        toy, tmp_path, "--draft", str(toy[1]), "--temperature", "0.8", "--top-k", "5", "--draft-temperature", tau
+    )
+    printed = capsys.readouterr().out
+    assert code == 0 and report["passed"], printed
+    assert (
+        report["proposal_tau"] == (0.35 if tau != "auto" else report["proposal_tau"]) and report["proposal_tau"] in TAUS
+    )
+    assert f"draft proposal temperature {report['proposal_tau']:g}" in printed
+    betas = [t["beta"] for t in report["tests"]]
+    assert report["control"]["passed"] and len(betas) >= 3

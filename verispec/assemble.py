@@ -66,6 +66,7 @@ class Settings:
     k: int | str = "auto"
     k_max: int = 8
     confidence_threshold: float = 0.0
+    draft_temperature: float | None = None  # a model draft's proposal temperature tau; None: auto (proposal.py)
     extra_drafts: tuple[str, ...] = field(default=(), repr=False)  # other candidates the target must suit (plan)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,12 @@ class Settings:
         if not (isinstance(self.confidence_threshold, (int, float)) and 0.0 <= self.confidence_threshold < 1.0):
             raise ValueError(
                 f"--confidence-threshold must be a probability in [0, 1), got {self.confidence_threshold!r}"
+            )
+        if self.draft_temperature is not None and not (
+            isinstance(self.draft_temperature, (int, float)) and 0.0 <= self.draft_temperature <= 1.0
+        ):
+            raise ValueError(
+                f"--draft-temperature must be 'auto' or a number in [0, 1], got {self.draft_temperature!r}"
             )
         if not (self.k == "auto" or _is_int(self.k)):
             raise ValueError(f"--k must be an integer or 'auto', got {self.k!r}")
@@ -316,7 +323,9 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     if vocabularies_differ(settings.target, spec):
         return _intersection_drafter(settings, target, draft, spec, say)
     check_same_tokenizer(settings.target, spec, target.vocab_size, draft.vocab_size)
-    return ModelDrafter(match_vocab_size(draft, target.vocab_size), settings.confidence_threshold)
+    return ModelDrafter(
+        match_vocab_size(draft, target.vocab_size), settings.confidence_threshold, settings.draft_temperature
+    )
 
 
 def _intersection_drafter(settings: Settings, target, draft, spec: str, say: Say):

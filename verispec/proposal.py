@@ -112,7 +112,10 @@ class ProposalTemperature:
         if self.fixed is not None or counts == 0:
             return {"tau": self.taus[0] if self.fixed is None else self.fixed, "acceptance": {}}
         means = (self.sums.sum(dim=0) / counts).tolist()
-        return {"tau": self.taus[max(range(len(means)), key=means.__getitem__)], "acceptance": dict(zip(self.taus, means))}
+        return {
+            "tau": self.taus[max(range(len(means)), key=means.__getitem__)],
+            "acceptance": dict(zip(self.taus, means)),
+        }
 
 
 def verified_positions(num_accepted: torch.Tensor, k: int) -> torch.Tensor:

@@ -53,13 +53,22 @@ RUN_FIELDS = (
 
 
 def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float, SpecStats]:
-    """Run the prompts one by one; return outputs, tokens/s (prefill included) and the stats."""
+    """Run the prompts one by one; return outputs, tokens/s (prefill included) and the stats
+    (`stats.proposal_taus`: a model draft's proposal temperature at the end of each prompt)."""
     stats = SpecStats()
-    outputs, started = [], time.perf_counter()
+    outputs, started, taus = [], time.perf_counter(), []
     for prompt in prompts:
         outputs.extend(generate_all(target, [prompt], params, drafter, k=k, stats=stats))
+        if getattr(drafter, "proposal", None) is not None and not params.greedy:
+            taus.append(drafter.proposal.summary()["tau"])
     elapsed = time.perf_counter() - started
+    stats.proposal_taus = taus
     return outputs, sum(map(len, outputs)) / elapsed, stats
+
+
+def proposal_tau(taus: list[float]) -> float | None:
+    """The proposal temperature most prompts ended at (the larger on ties), or None without a model draft."""
+    return max(set(taus), key=lambda tau: (taus.count(tau), tau)) if taus else None
 
 
 def _alphas(stats: SpecStats, k: int) -> list[float]:
@@ -122,7 +131,7 @@ def run_bench(
         params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, sampling=sampling)
         for k in ks:
             base_tps, spec_tps, ratios, identical, stats_all = [], [], [], True, SpecStats()
-            prefill_plain, prefill_spec = [], []
+            prefill_plain, prefill_spec, taus = [], [], []
             for _ in range(repeats):
                 plain, tps_a, plain_stats = _timed(target, prompts, params, None, 0)
                 policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
@@ -133,6 +142,7 @@ def run_bench(
                 identical = identical and spec == plain
                 prefill_plain.append(plain_stats.prefill_time_s)
                 prefill_spec.append(stats.prefill_time_s)
+                taus += stats.proposal_taus
                 for request in stats.requests:
                     stats_all.add(request)
                 bar.update(1)
@@ -149,6 +159,7 @@ def run_bench(
                 "mean_tokens_per_pass": stats_all.mean_tokens_per_pass,
                 "acceptance_by_position": stats_all.acceptance_by_position,
                 "beta_by_position": stats_all.beta_by_position,
+                "draft_temperature": proposal_tau(taus),
                 "predicted_speedup": None,
                 "greedy_identical": identical if temperature == 0 else None,
                 "baseline_spread": max(base_tps) / min(base_tps),

@@ -3,7 +3,9 @@
 Owns `run_check` and its four parts, each a pass/fail with the numbers behind it:
 (a) the rule at real contexts: for each context (a prompt and the target's greedy continuation
     of it) and each of the first k draft positions along the draft's most likely proposals,
-    the models' actual p and q (processed with the user's settings), then N verifications of
+    the models' actual p and q (processed with the user's settings; a model draft's q sharpened by
+    its proposal temperature, proposal.py: fixed, or under auto the tau that accepts most on these
+    contexts, as auto would choose on them), then N verifications of
     that position by the engine's own functions (`sample` on per-row streams, `verify`; in
     invariant mode `invariant.choose` and `verify_greedy`); the committed token must be
     distributed as p: Pearson chi-square, small cells pooled, at a 1e-9 false-failure rate,
@@ -37,6 +39,7 @@ from ..config import SamplingParams
 from ..engine import generate_all
 from ..invariant import choose
 from ..llamacpp.deviation import pass_shape_deviation
+from ..proposal import acceptance_grid, sharpen
 from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
 from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
@@ -74,6 +77,7 @@ class CheckReport:
     greedy: dict | None = None  # (c)
     control: dict | None = None  # (d)
     deviation: dict | None = None  # the engine's pass-shape deviation over the contexts (llamacpp.deviation)
+    proposal_tau: float | None = None  # the draft's proposal temperature that (a) tested (proposal.py)
     seconds: float = 0.0
 
     @property
@@ -153,6 +157,20 @@ def _test(context: int, position: int, proposal: int | None, p, q, counts, accep
     )
 
 
+def _proposal_tau(drafter, chains: list, params: SamplingParams) -> float | None:
+    """The proposal temperature (a) tests a model draft at: its fixed tau, or under auto the tau of the
+    grid that accepts most on these contexts (what auto would choose on them); None where the drafter
+    has none or the mode is invariant (whose rows propose from q)."""
+    proposal = getattr(drafter, "proposal", None)
+    pairs = [(p, q) for _, _, p, q in chains if q is not None]
+    if proposal is None or params.sampling != "rejection" or not pairs:
+        return None
+    if not proposal.auto:
+        return proposal.fixed
+    grid = torch.cat([acceptance_grid(q[None], p[None], proposal.taus)[0] for p, q in pairs])  # [positions, G]
+    return proposal.taus[int(grid.mean(dim=0).argmax())]
+
+
 @contextmanager
 def _residual_from_p():
     """The planted bug of the negative control: the recovered token drawn from p."""
@@ -222,17 +240,21 @@ def _run_check(
     if params.greedy:
         report.skipped.append("(a), (d): at temperature 0 p is one-hot; (c) is the test")
     else:
-        used = 0
+        chains = []  # (context, proposals, p, q)
         for c, context in enumerate(prompts):
-            if used == contexts:
+            if len(chains) == contexts:
                 break
             proposals, p, q = _chain(target, drafter, context, k, single)
-            used += bool(proposals)
             if len(proposals) < k:
                 report.skipped.append(
                     f"context {c + 1}: the drafter proposed {len(proposals)} of {k} tokens; "
                     + (f"positions {len(proposals) + 1}..{k} not tested" if proposals else "another prompt is used")
                 )
+            if proposals:
+                chains.append((c, proposals, p, q))
+        tau = report.proposal_tau = _proposal_tau(drafter, chains, params)
+        for c, proposals, p, q in chains:
+            q = q if q is None or tau in (None, 1) else sharpen(q, tau)  # the distribution the draft proposes from
             for i, proposal in enumerate(proposals):
                 qi = None if q is None else q[i]
                 say(f"(a) context {c + 1}, position {i + 1}: {n:,} verifications")
@@ -361,7 +383,9 @@ def format_report(report: CheckReport) -> list[str]:
     lines += [
         (
             f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
-            f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode):"
+            f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode"
+            + (f", draft proposal temperature {report.proposal_tau:g}" if report.proposal_tau is not None else "")
+            + "):"
         )
     ]
     for t in report.tests:

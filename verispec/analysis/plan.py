@@ -35,6 +35,7 @@ from ..config import SamplingParams
 from ..drafters.combined import CombinedDrafter
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
+from ..proposal import acceptance_grid
 from ..sampling import RowSampling, process_logits
 from .profile import profile_costs
 
@@ -75,11 +76,14 @@ def teacher_forced_blocks(
     starts: Sequence[int],
     params: SamplingParams,
     k_max: int,
+    proposal_report: dict | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sequence, for the positions that predict sequence[starts[b]:]: beta [T, k_max] float64
     (beta[t, j] for the j-th proposal of a block that starts at t; 0 past the end) and
     proposes [T] bool. `draft` is a causal LM, a ModelDrafter, a PromptLookupDrafter or a
-    SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there)."""
+    SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there).
+    A draft model's beta is at its proposal temperature (`model_acceptance`), which it writes
+    into `proposal_report` when one is given."""
     if isinstance(draft, CombinedDrafter):  # a combined draft
         return [block for block, _ in combined_blocks(target, draft, sequences, starts, params, k_max)]
     model = draft_model_of(draft)
@@ -89,21 +93,29 @@ def teacher_forced_blocks(
             "or a SuffixDrafter"
         )
     lookups = _lookups(draft, sequences, starts, k_max) if model is None else [None] * len(sequences)
+    accepted = [None] * len(sequences)
+    if model is not None and not hasattr(draft, "chain"):
+        accepted, tau, by_tau = model_acceptance(target, draft, sequences, starts, params)
+        if proposal_report is not None:
+            proposal_report.update(draft_temperature=tau, acceptance_by_tau=by_tau)
     blocks = []
-    for sequence, start, lookup in zip(sequences, starts, lookups):
+    for sequence, start, lookup, per_position in zip(sequences, starts, lookups, accepted):
+        length = len(sequence) - start
+        at = torch.arange(length)[:, None] + torch.arange(k_max)  # [T, k_max]: position of proposal j from t
+        if per_position is not None:  # a draft model
+            blocks.append(
+                (
+                    torch.where(at < length, per_position[at.clamp(max=length - 1)], 0.0),
+                    torch.ones(length, dtype=torch.bool),
+                )
+            )
+            continue
         ids = torch.tensor([list(sequence)], device=target.device)
         p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
-        length = p.shape[0]
-        at = torch.arange(length)[:, None] + torch.arange(k_max)  # [T, k_max]: position of proposal j from t
         if hasattr(draft, "chain"):  # a draft of another tokenizer: its restricted q after each true prefix
             sampling = RowSampling(params, 1)
             q = torch.stack([draft.chain(list(sequence[:t]), 1, sampling)[1][0] for t in range(start, len(sequence))])
             per_position = torch.minimum(p, q.to(p.device, p.dtype)).sum(dim=-1).double().cpu()  # [T]
-            beta = per_position[at.clamp(max=length - 1)]
-            proposes = torch.ones(length, dtype=torch.bool)
-        elif model is not None:
-            q = process_logits(model(ids)[0, start - 1 : -1], params)
-            per_position = torch.minimum(p, q.to(p.dtype)).sum(dim=-1).double().cpu()  # [T]
             beta = per_position[at.clamp(max=length - 1)]
             proposes = torch.ones(length, dtype=torch.bool)
         else:
@@ -115,11 +127,34 @@ def teacher_forced_blocks(
     return blocks
 
 
-def combined_blocks(target, draft, sequences, starts, params, k_max) -> list[tuple[tuple, torch.Tensor]]:
+def model_acceptance(
+    target: torch.nn.Module, draft, sequences: Sequence[Sequence[int]], starts: Sequence[int], params: SamplingParams
+) -> tuple[list[torch.Tensor], float | None, dict[float, float]]:
+    """A draft model's acceptance after each true prefix: per sequence sum min(p, q'_tau) [T] float64, at
+    its proposal temperature (proposal.py): fixed, or under auto the tau of the grid that accepts most
+    over every position (the choice auto converges to). Returns (acceptance per sequence, tau or None
+    for a draft without one or at temperature 0, {tau: mean acceptance})."""
+    model, proposal = draft_model_of(draft), getattr(draft, "proposal", None)
+    taus = (1.0,) if proposal is None or params.greedy else proposal.taus
+    grids = []
+    for sequence, start in zip(sequences, starts):
+        ids = torch.tensor([list(sequence)], device=target.device)
+        p = process_logits(target(ids)[0, start - 1 : -1], params)  # [T, V]
+        q = process_logits(model(ids)[0, start - 1 : -1], params).to(p.device, p.dtype)  # [T, V]
+        grids.append(acceptance_grid(q[None], p[None], taus)[0].double().cpu())  # [T, G]
+    means = torch.cat(grids).mean(dim=0)  # [G]
+    best = int(means.argmax())
+    tau = taus[best] if proposal is not None and not params.greedy else None
+    return [grid[:, best] for grid in grids], tau, dict(zip(taus, means.tolist()))
+
+
+def combined_blocks(
+    target, draft, sequences, starts, params, k_max, proposal_report: dict | None = None
+) -> list[tuple[tuple, torch.Tensor]]:
     """A combined draft (drafters/combined.py) at one row: per sequence, ((beta, proposes), model_runs [T] bool).
     From t, the lookup's block where it proposes (it drafts alone: the model does not run), the model's elsewhere."""
     lookup = teacher_forced_blocks(target, draft.lookup, sequences, starts, params, k_max)
-    model = teacher_forced_blocks(target, draft.drafter, sequences, starts, params, k_max)
+    model = teacher_forced_blocks(target, draft.drafter, sequences, starts, params, k_max, proposal_report)
     out = []
     for (lookup_beta, confident), (model_beta, _) in zip(lookup, model):
         beta = torch.where(confident[:, None], lookup_beta, model_beta)
@@ -215,11 +250,12 @@ def plan(
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
+        proposal = {}
         if isinstance(draft, CombinedDrafter):  # a combined draft: the model runs where it runs
-            pairs = combined_blocks(target, draft, sequences, starts, params, k_max)
+            pairs = combined_blocks(target, draft, sequences, starts, params, k_max, proposal)
             blocks, runs = [block for block, _ in pairs], [run for _, run in pairs]
         else:
-            blocks = teacher_forced_blocks(target, draft, sequences, starts, params, k_max)
+            blocks = teacher_forced_blocks(target, draft, sequences, starts, params, k_max, proposal)
             runs = [None] * len(blocks)
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
@@ -245,6 +281,8 @@ def plan(
                 "predicted_speedup": predicted,
                 "recommended_k": best,
                 "advice": "do not speculate" if best == 0 else f"speculate with k = {best}",
+                "draft_temperature": proposal.get("draft_temperature"),
+                "acceptance_by_tau": proposal.get("acceptance_by_tau", {}),
             }
         )
     return report

@@ -12,14 +12,13 @@ from pathlib import Path
 
 from .. import assemble
 from ..analysis.llamacpp_program import NGRAM_CACHE_LENGTH, NGRAM_DRAFT_LENGTHS, parse_lengths, parse_ngram_types
-from ..config import SamplingParams
 from . import reports
 from .common import (
     TARGET_HELP,
     check_directory,
     check_writable,
-    confidence_parent,
     draft_lengths,
+    draft_options_parent,
     fail,
     models_parent,
     needs_draft,
@@ -49,11 +48,14 @@ def add_parsers(commands) -> None:
     adv = commands.add_parser(
         "plan",
         help="advise: alpha per position, c, predicted speed-up per k, the k to use",
-        parents=[models_parent(draft=f"a candidate (repeatable), {MEASURED_HELP}", repeatable=True)],
+        parents=[
+            models_parent(draft=f"a candidate (repeatable), {MEASURED_HELP}", repeatable=True),
+            sampling_parent(temperature=0.0),
+            draft_options_parent(),
+        ],
     )
     adv.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     adv.add_argument("--k-max", type=int, default=8, help="the longest draft considered (default 8)")
-    adv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     adv.add_argument(
         "--max-new-tokens", type=int, default=64, help="tokens of each prompt's continuation scored (default 64)"
     )
@@ -64,7 +66,7 @@ def add_parsers(commands) -> None:
     chk = commands.add_parser(
         "check",
         help="certify that decoding is lossless on your target, draft and settings (exit 0: all passed)",
-        parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0)],
+        parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0), draft_options_parent()],
     )
     chk.add_argument("--prompts", help=f"{PROMPTS_HELP} (default: the built-in held-out prompts)")
     chk.add_argument(
@@ -136,7 +138,7 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser(
         "bench",
         help="plain vs speculative decoding of the same prompts, interleaved, in one run",
-        parents=[models_parent(draft=MEASURED_HELP), confidence_parent()],
+        parents=[models_parent(draft=MEASURED_HELP), draft_options_parent()],
     )
     bench.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     bench.add_argument("--k", default="1,2,4", help="draft lengths, comma-separated, 'auto' allowed (default 1,2,4)")
@@ -340,7 +342,7 @@ def plan(args: argparse.Namespace) -> int:
     for name, drafter in drafts.items():
         if hasattr(drafter, "mode_line"):  # a draft of another tokenizer: the mode and how much of the draft it uses
             say(f"--draft {name}: {drafter.mode_line(texts)}")
-    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    params = sampling_from(args, max_new_tokens=args.max_new_tokens)
     report = run_plan(target, drafts, prompts, params, args.k_max, progress=progress("plan"))
     print("\n".join(reports.plan_lines(report)))
     _write_json(args.json, report)

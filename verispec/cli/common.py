@@ -113,6 +113,18 @@ def confidence(text: str) -> float:
     return value
 
 
+def draft_temperature(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number in [0, 1], got {text!r}")
+    return value
+
+
 # ---- shared argument groups (parent parsers: built afresh for each command, whose defaults may differ)
 
 TARGET_HELP = (
@@ -189,10 +201,19 @@ def draft_length_parent(refuse_above: bool = True) -> argparse.ArgumentParser:
     return parent
 
 
-def confidence_parent() -> argparse.ArgumentParser:
-    """--confidence-threshold: off unless given, with `--k auto` too: a stop chosen per pass by the draft's
-    own confidence competes with the policy's choice of k."""
+def draft_options_parent() -> argparse.ArgumentParser:
+    """How a model draft proposes. --confidence-threshold: off unless given, with `--k auto` too: a stop
+    chosen per pass by the draft's own confidence competes with the policy's choice of k.
+    --draft-temperature: the proposal temperature tau (proposal.py), auto by default."""
     parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--draft-temperature",
+        type=draft_temperature,
+        default=None,
+        metavar="auto|TAU",
+        help="a model draft proposes from its distribution q sharpened to q^(1/TAU) (1 = q, 0 = its most likely "
+        "token, as llama.cpp's draft); auto (default): each request's TAU by the acceptance measured at every TAU",
+    )
     parent.add_argument(
         "--confidence-threshold",
         type=confidence,
@@ -228,6 +249,7 @@ def settings_from(args: argparse.Namespace, **given) -> Settings:
     overrides them and adds the rest (generate and serve give --k and --k-max: other commands'
     --k is a list of lengths or a number of positions, their --k-max the longest draft timed)."""
     names = ("target", "draft", "backend", "dtype", "device", "threads", "gguf_type", "confidence_threshold")
+    names += ("draft_temperature",)
     values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if hasattr(args, "exact_kernels"):
         values["exact_kernels"] = args.exact_kernels == "on"

@@ -20,8 +20,8 @@ from ..server.protocol import find_stop, safe_prefix
 from ..stats import SpecStats
 from .common import (
     check_writable,
-    confidence_parent,
     draft_length_parent,
+    draft_options_parent,
     fail,
     models_parent,
     read_prompts,
@@ -36,7 +36,7 @@ def add_parser(commands) -> None:
     gen = commands.add_parser(
         "generate",
         help="stream a completion, then one line of statistics",
-        parents=[models_parent(), draft_length_parent(), sampling_parent(temperature=0.0), confidence_parent()],
+        parents=[models_parent(), draft_length_parent(), sampling_parent(temperature=0.0), draft_options_parent()],
     )
     gen.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="the prompt; - reads it from standard input")
     gen.add_argument("--prompt", help="the prompt text (instead of PROMPT)")

@@ -12,7 +12,7 @@ def bench_lines(result: dict, repeats: int) -> list[str]:
     """`verispec bench`: one row per (k, temperature, mode), then what the columns mean."""
     header = (
         f"{'k':>5} {'T':>4} {'mode':>9} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} "
-        f"{'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} identical"
+        f"{'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} {'tau':>4} identical"
     )
     lines = [header]
     for run in result["runs"]:
@@ -20,14 +20,16 @@ def bench_lines(result: dict, repeats: int) -> list[str]:
         bound = "-" if run["invariant_bound"] is None else f"{run['invariant_bound']:.3f}"
         identical = run["greedy_identical"] if run["greedy_identical"] is not None else run["invariant_identical"]
         spread = f"{run['speedup']:.2f} [{run['speedup_min']:.2f},{run['speedup_max']:.2f}]"
+        tau = "-" if run.get("draft_temperature") is None else f"{run['draft_temperature']:g}"
         lines.append(
             f"{run['k']!s:>5} {run['temperature']:>4} {run['sampling']:>9} {run['tokens_per_s_baseline']:>10.1f} "
             f"{run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5} {run['alpha_hat']:>9.3f} "
-            f"{run['beta']:>5.3f} {bound:>5} {run['mean_tokens_per_pass']:>8.2f} {identical}"
+            f"{run['beta']:>5.3f} {bound:>5} {run['mean_tokens_per_pass']:>8.2f} {tau:>4} {identical}"
         )
     lines.append(
         "tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]; identical: "
-        "the speculative tokens are the plain ones (greedy; invariant mode at T > 0); bound: beta/(2 - beta) of "
+        "the speculative tokens are the plain ones (greedy; invariant mode at T > 0); tau: the draft's proposal "
+        "temperature most prompts ended at (q^(1/tau); --draft-temperature); bound: beta/(2 - beta) of "
         "the rejection run, the least invariant mode's acceptance can be; invariant mode's beta is its "
         "acceptance rate"
     )
@@ -132,6 +134,13 @@ def plan_lines(report: dict) -> list[str]:
             f"draft {candidate['draft']}: beta {candidate['beta']:.3f}, c {candidate['c']:.3f}{share} -> "
             f"{candidate['advice']}"
         )
+        by_tau = candidate.get("acceptance_by_tau") or {}
+        if candidate.get("draft_temperature") is not None:
+            lines.append(
+                f"  draft proposal temperature {candidate['draft_temperature']:g} (q^(1/tau); acceptance by tau: "
+                + " ".join(f"{tau:g}:{mean:.3f}" for tau, mean in by_tau.items())
+                + ")"
+            )
         alphas = zip(candidate["alpha_by_position"], candidate["alpha_samples"])
         lines.append(
             "  alpha by position: "

@@ -14,8 +14,8 @@ from pathlib import Path
 from .. import assemble
 from .common import (
     check_writable,
-    confidence_parent,
     draft_length_parent,
+    draft_options_parent,
     fail,
     models_parent,
     non_negative,
@@ -29,7 +29,7 @@ def add_parsers(commands) -> None:
     srv = commands.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server over a continuous batcher (needs the serve extra)",
-        parents=[models_parent(), draft_length_parent(refuse_above=False), confidence_parent()],
+        parents=[models_parent(), draft_length_parent(refuse_above=False), draft_options_parent()],
     )
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")

@@ -41,7 +41,9 @@ class ModelDrafter:
     tau of the grid would have had at the verified positions (`observe_target`).
     """
 
-    def __init__(self, model: torch.nn.Module, confidence_threshold: float = 0.0, draft_temperature: float | None = None):
+    def __init__(
+        self, model: torch.nn.Module, confidence_threshold: float = 0.0, draft_temperature: float | None = None
+    ):
         if not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
