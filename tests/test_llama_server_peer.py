@@ -223,6 +223,15 @@ def test_each_round_starts_its_own_server_with_a_slot_per_request_and_stops_it(t
     assert not any(m._handle for m in modes.values())
 
 
+def test_a_server_that_does_not_start_is_one_error_naming_it_and_its_last_words(tmp_path):
+    program = tmp_path / "llama-server"
+    program.write_text(f"#!{sys.executable}\nprint('main: error loading model t.gguf'); raise SystemExit(1)\n")
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    modes = peer.modes(tmp_path, Path("t.gguf"), None, [2], threads=2, context=64, temperature=0.0)
+    with pytest.raises(RuntimeError, match=r"`llama-server -m t.gguf .*` did not start: main: error loading model"):
+        bench_serve(modes, [[1, 2]], [1], 1, 4, 0.0, 1)
+
+
 @pytest.mark.skipif(
     not (
         os.environ.get("VERISPEC_LLAMA_CPP_BIN")
@@ -242,7 +251,9 @@ def test_the_real_llama_server_beside_verispec_greedy_gives_the_same_completions
     argv += ["--modes", "plain", "--peer-draft-n", "3", "--concurrency", "2", "--requests", "4"]
     argv += ["--max-new-tokens", "16", "--warmups", "0", "--json", str(out)]
     assert main(argv) == 0
-    rows = {row["mode"]: row for row in json.loads(out.read_text())["medians"]}
+    report = json.loads(out.read_text())
+    rows = {row["mode"]: row for row in report["medians"]}
+    assert report["peer_commands"]["llama-server k=3"][-1] == "3"  # --spec-draft-n-max 3
     assert set(rows) == {"plain", "llama-server plain", "llama-server k=3"}
     for mode in ("plain", "llama-server k=3"):
         assert rows[mode]["identical_requests"] == rows[mode]["compared_requests"] == 4, rows[mode]

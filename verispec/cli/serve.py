@@ -336,6 +336,8 @@ def bench_serve(args: argparse.Namespace) -> int:
             _say_level,
             args.warmups,
         )
+    except RuntimeError as error:  # a peer's server that did not start for its round
+        return fail(str(error))
     finally:
         for handle in started:
             handle.stop()
@@ -346,6 +348,8 @@ def bench_serve(args: argparse.Namespace) -> int:
         print(_median_line(row))
     if args.json:
         report = {"command": " ".join(sys.argv), "levels": [as_dict(lv) for lv in results], "medians": rows}
+        if peers:  # each peer mode's command line at concurrency 1 (-np and -c scale with the level's)
+            report["peer_commands"] = {name: [str(m.program), *m.flags(1)] for name, m in peers.items()}
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.csv:
         write_csv(rows, args.csv)
@@ -406,5 +410,5 @@ def _median_line(row: dict) -> str:
     return (
         f"{row['mode']:>18} c={row['concurrency']:<3} {row['throughput_tok_s']:8.1f} tok/s{ratio}  TTFT p50 "
         f"{row['ttft_p50_s'] * 1e3:.1f} ms  ITL p50/p99 {row['itl_p50_s'] * 1e3:.1f}/{row['itl_p99_s'] * 1e3:.1f} ms"
-        f"{extra}"
+        f"  TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms{extra}"
     )
