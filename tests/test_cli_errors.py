@@ -153,6 +153,20 @@ CASES = [
     (["bench-serve", *T, "--modes", "plain,fast"], "--modes", None),
     (["bench-serve", *T, "--json", "/nonexistent/dir/s.json"], "--json", None),
     (["bench-serve", "--target", "/nonexistent/model", "--modes", "plain"], "did not start: /nonexistent/model", None),
+    (["bench-serve", *T, "--peer", "llama-server"], "--peer llama-server and --llama-cpp-bin DIR go together", None),
+    (["bench-serve", *T, "--llama-cpp-bin", "{root}"], "--peer llama-server and --llama-cpp-bin DIR go together", None),
+    (["bench-serve", *T, "--peer", "llamacpp"], "invalid choice", None),
+    (["bench-serve", *T, "--peer", "llama-server", "--llama-cpp-bin", "{root}"], "no llama-server there", None),
+    (
+        ["bench-serve", *T, "--peer", "llama-server", "--llama-cpp-bin", "{root}", "--peer-draft-n", "4,0"],
+        "--peer-draft-n must list integers >= 1",
+        None,
+    ),
+    (
+        ["bench-serve", "--url", "http://127.0.0.1:9", "--peer", "llama-server", "--llama-cpp-bin", "{root}"],
+        "it does not take --url",
+        None,
+    ),
 ]
 
 

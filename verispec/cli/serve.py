@@ -130,6 +130,24 @@ def add_parsers(commands) -> None:
         default=None,
         help="the servers' --max-model-len (default: the model's context)",
     )
+    bsv.add_argument(
+        "--peer",
+        choices=["llama-server"],
+        help="also llama.cpp's llama-server, interleaved with verispec's modes on the same GGUF files and "
+        "prompt tokens: plain and with the same draft at each --peer-draft-n, as many slots as the "
+        "concurrency, started for each of its rounds (needs --llama-cpp-bin)",
+    )
+    bsv.add_argument(
+        "--llama-cpp-bin",
+        metavar="DIR",
+        help="with --peer llama-server: a directory holding llama.cpp's llama-server, built from the llama.cpp "
+        "that llama-cpp-python vendors (benchmarks/build_llama_speculative.sh)",
+    )
+    bsv.add_argument(
+        "--peer-draft-n",
+        default="2,4,8",
+        help="with --peer llama-server: its --spec-draft-n-max values, each a mode of its own (default 2,4,8)",
+    )
     bsv.add_argument("--json", metavar="OUT", help="write every level and the medians here")
     bsv.add_argument("--csv", metavar="OUT", help="write the medians here")
     bsv.add_argument(
@@ -288,6 +306,9 @@ def bench_serve(args: argparse.Namespace) -> int:
     from ..pair import HELDOUT_PROMPTS
 
     prompts = read_prompts(args.prompts or str(HELDOUT_PROMPTS), None)
+    peers: dict = {}
+    if args.peer is not None or args.llama_cpp_bin is not None:
+        peers, prompts = _peer_modes(args, prompts)  # checked and built before any server starts
     started: list = []
     if args.url is not None:
         if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -305,7 +326,7 @@ def bench_serve(args: argparse.Namespace) -> int:
             return fail(str(error))
     try:
         results = run_levels(
-            servers,
+            {**servers, **peers},
             prompts,
             levels,
             args.requests,
@@ -315,14 +336,20 @@ def bench_serve(args: argparse.Namespace) -> int:
             _say_level,
             args.warmups,
         )
+    except RuntimeError as error:  # a peer's server that did not start for its round
+        return fail(str(error))
     finally:
         for handle in started:
             handle.stop()
-    rows = summarize(results)
+    # greedy outputs are compared with the peer's plain decoding (its first mode), else verispec's
+    reference = next(iter(peers), "plain" if "plain" in servers else None)
+    rows = summarize(results, args.peer, reference if args.temperature == 0 else None)
     for row in rows:
         print(_median_line(row))
     if args.json:
         report = {"command": " ".join(sys.argv), "levels": [as_dict(lv) for lv in results], "medians": rows}
+        if peers:  # each peer mode's command line at concurrency 1 (-np and -c scale with the level's)
+            report["peer_commands"] = {name: [str(m.program), *m.flags(1)] for name, m in peers.items()}
         Path(args.json).write_text(json.dumps(report, indent=2))
     if args.csv:
         write_csv(rows, args.csv)
@@ -331,9 +358,37 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peer_modes(args: argparse.Namespace, prompts: list[str]) -> tuple[dict, list[list[int]]]:
+    """--peer llama-server: its modes (peer.py) on the GGUF files verispec's servers load, the
+    context a verispec server gives a request and verispec's threads; and the prompts as token
+    ids (the target's tokenizer, as verispec's servers encode them), sent to every server, so
+    that both read the same tokens (llama-server would encode a text with its own rules)."""
+    from ..llamacpp.lib import default_threads
+    from ..server import peer
+
+    if args.peer is None or args.llama_cpp_bin is None:
+        raise ValueError("--peer llama-server and --llama-cpp-bin DIR go together")
+    if args.url is not None:
+        raise ValueError("--peer llama-server loads the GGUF files of the servers started here: it does not take --url")
+    lengths = peer.parse_draft_lengths(args.peer_draft_n)
+    peer.program(args.llama_cpp_bin)
+    settings = settings_from(args).resolved()
+    target, (draft,) = assemble.gguf_files(settings, [settings.draft])
+    if draft is None:
+        print(
+            f"--peer llama-server: --draft {settings.draft} is no model, so llama-server runs plain only",
+            file=sys.stderr,
+        )
+    context = args.max_model_len or peer.model_context(target)
+    threads = args.threads or default_threads()
+    modes = peer.modes(args.llama_cpp_bin, target, draft, lengths, threads, context, args.temperature)
+    tokenizer = assemble.load_tokenizer(settings)
+    return modes, [tokenizer.encode(text).ids for text in prompts]
+
+
 def _say_level(level) -> None:
     print(
-        f"{level.mode:>8} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s"
+        f"{level.mode:>18} c={level.concurrency:<3} {level.throughput_tok_s:8.1f} tok/s"
         f"{' (warm-up)' if level.warmup else ''}  TTFT p50 {level.ttft_p50_s * 1e3:7.1f} ms"
         f"  ITL p50 {level.itl_p50_s * 1e3:6.1f} ms p99 {level.itl_p99_s * 1e3:6.1f} ms  errors {level.errors}",
         file=sys.stderr,
@@ -348,7 +403,12 @@ def _median_line(row: dict) -> str:
         if "throughput_vs_best_other_ci95_low" in row
         else ""
     )
+    ratio += f"  {row['throughput_vs_peer_best']:.2f}x the peer's best" if "throughput_vs_peer_best" in row else ""
+    extra = f"  acceptance {row['alpha_hat']:.2f}" if "alpha_hat" in row else ""
+    if "identical_to" in row:
+        extra += f"  identical to {row['identical_to']}: {row['identical_requests']}/{row['compared_requests']}"
     return (
-        f"{row['mode']:>8} c={row['concurrency']:<3} {row['throughput_tok_s']:8.1f} tok/s{ratio}  TTFT p50 "
+        f"{row['mode']:>18} c={row['concurrency']:<3} {row['throughput_tok_s']:8.1f} tok/s{ratio}  TTFT p50 "
         f"{row['ttft_p50_s'] * 1e3:.1f} ms  ITL p50/p99 {row['itl_p50_s'] * 1e3:.1f}/{row['itl_p99_s'] * 1e3:.1f} ms"
+        f"  TPOT p50 {row['tpot_p50_s'] * 1e3:.1f} ms{extra}"
     )

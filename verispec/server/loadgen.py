@@ -1,13 +1,15 @@
 """`verispec bench-serve`: a bounded load generator for `verispec serve`, on loopback.
 
 Owns `run_level` (n streamed completions at a fixed concurrency against one server: per
-request the time to first token, the gaps between chunks, the tokens from `usage`) and
-`bench_serve` (servers for plain decoding, fixed k and `auto` started in this process on
-127.0.0.1 ports of their own, or one running server given by URL; every concurrency level runs
-each mode in turn, and `repeats` sweeps run every level, so that modes and a level's rounds are
-interleaved over the whole run; medians per mode and level,
-throughput ratios to plain measured in the same round). Reports JSON, CSV and a plot. Knows
-the HTTP API only.
+request the time to first token, the gaps between chunks, the tokens from `usage`, the text,
+and the draft tokens proposed and accepted from the last chunk, verispec's or llama-server's)
+and `bench_serve` (servers for plain decoding, fixed k and `auto` started in this process on
+127.0.0.1 ports of their own, or one running server given by URL, and peer servers started
+for each of their rounds only (peer.py); every concurrency level runs each mode in turn, and
+`repeats` sweeps run every level, so that modes and a level's rounds are interleaved over the
+whole run; medians per mode and level, throughput ratios to plain, to the best other mode and
+to the peer's best measured in the same round, and greedy outputs compared request by request
+with a reference mode). Reports JSON, CSV and a plot. Knows the HTTP API only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -35,6 +37,21 @@ class Level:
     tpot_p50_s: float  # per request: (last chunk - first chunk) / (tokens - 1)
     errors: int
     warmup: bool = False  # a warm-up round: reported, left out of the medians and ratios
+    drafted: int = 0  # draft tokens proposed, over the requests that reported them
+    accepted: int = 0  # of which accepted
+    prompt_tokens: int = 0  # usage.prompt_tokens over the completed requests
+    texts: list = field(default_factory=list)  # request i's completion (None: it failed); not in as_dict
+
+
+@dataclass
+class _Completion:
+    ttft_s: float
+    arrivals: list[float]  # perf_counter of each chunk with choices
+    tokens: int  # usage.completion_tokens
+    text: str
+    prompt_tokens: int
+    drafted: int
+    accepted: int
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -44,11 +61,25 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-async def _one(client, url: str, body: dict) -> tuple[float, list[float], int] | None:
-    """(time to first chunk, chunk arrival times, completion tokens) of one streamed request."""
+def draft_counts(payload: dict) -> tuple[int, int] | None:
+    """(draft tokens proposed, accepted) from a stream's chunk: verispec's usage chunk
+    (`verispec.choices[].proposed`/`accepted`) or llama-server's last (`timings.draft_n`/
+    `draft_n_accepted`, present once it drafted); None when the chunk has neither."""
+    own = (payload.get("verispec") or {}).get("choices")
+    if own:
+        return sum(c.get("proposed", 0) for c in own), sum(c.get("accepted", 0) for c in own)
+    timings = payload.get("timings") or {}
+    if "draft_n" in timings:
+        return int(timings["draft_n"]), int(timings.get("draft_n_accepted", 0))
+    return None
+
+
+async def _one(client, url: str, body: dict) -> _Completion | None:
+    """One streamed request: its chunks' arrival times, its text, usage and draft counts."""
     start = time.perf_counter()
     arrivals: list[float] = []
-    tokens = 0
+    tokens = prompt_tokens = drafted = accepted = 0
+    text = []
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -59,15 +90,26 @@ async def _one(client, url: str, body: dict) -> tuple[float, list[float], int] |
             payload = json.loads(line[6:])
             if payload.get("choices"):
                 arrivals.append(time.perf_counter())
+                text.append(payload["choices"][0].get("text") or "")
             if payload.get("usage"):
                 tokens = payload["usage"]["completion_tokens"]
+                prompt_tokens = payload["usage"].get("prompt_tokens", 0)
+            counts = draft_counts(payload)
+            if counts is not None:
+                drafted, accepted = counts
     if not arrivals:
         return None
-    return arrivals[0] - start, arrivals, tokens
+    return _Completion(arrivals[0] - start, arrivals, tokens, "".join(text), prompt_tokens, drafted, accepted)
 
 
 async def _level(
-    url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float
+    url: str,
+    prompts: list,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    temperature: float,
+    extra: dict | None = None,
 ) -> tuple[float, list]:
     import httpx
 
@@ -86,8 +128,9 @@ async def _level(
                     "seed": i,
                     "stream": True,
                     "stream_options": {"include_usage": True},
+                    **(extra or {}),
                 }
-                results.append(await _one(client, url, body))
+                results.append((i, await _one(client, url, body)))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -103,13 +146,19 @@ def run_level(
     max_tokens: int,
     temperature: float = 0.0,
     warmup: bool = False,
+    extra: dict | None = None,
 ) -> Level:
-    wall, results = asyncio.run(_level(url, prompts, concurrency, requests, max_tokens, temperature))
-    done = [r for r in results if r is not None]
-    tokens = sum(r[2] for r in done)
-    gaps = [b - a for _, arrivals, _ in done for a, b in itertools.pairwise(arrivals)]
-    tpot = [(arrivals[-1] - arrivals[0]) / (n - 1) for _, arrivals, n in done if n > 1]
-    ttft = [r[0] for r in done]
+    """prompts: texts or token-id lists; request i sends prompt i mod len(prompts) with seed i,
+    and `extra`'s fields (a peer's)."""
+    wall, results = asyncio.run(_level(url, prompts, concurrency, requests, max_tokens, temperature, extra))
+    done = [r for _, r in results if r is not None]
+    tokens = sum(r.tokens for r in done)
+    gaps = [b - a for r in done for a, b in itertools.pairwise(r.arrivals)]
+    tpot = [(r.arrivals[-1] - r.arrivals[0]) / (r.tokens - 1) for r in done if r.tokens > 1]
+    ttft = [r.ttft_s for r in done]
+    texts: list = [None] * requests
+    for i, r in results:
+        texts[i] = None if r is None else r.text
     return Level(
         mode,
         concurrency,
@@ -123,10 +172,14 @@ def run_level(
         _quantile(tpot, 0.5),
         len(results) - len(done),
         warmup,
+        sum(r.drafted for r in done),
+        sum(r.accepted for r in done),
+        sum(r.prompt_tokens for r in done),
+        texts,
     )
 
 
-def summarize(levels: list[Level]) -> list[dict]:
+def summarize(levels: list[Level], peer: str | None = None, reference: str | None = None) -> list[dict]:
     """Medians over repeats per (mode, concurrency), with the throughput ratios measured in the
     same repeats, each the median over rounds of this mode / the other in the same round (a
     round's load on a shared machine moves every mode alike): to plain where plain ran; to the
@@ -134,7 +187,10 @@ def summarize(levels: list[Level]) -> list[dict]:
     other mode of each round (the maximum of several noisy measurements is biased upwards:
     simulated, five modes equally fast over three rounds that vary by 10% put any one of them at
     a median 0.91 of the fastest of each round); with three rounds or more, a 95% interval for
-    the ratio to the best other (`_bootstrap`). Warm-up rounds are left out."""
+    the ratio to the best other (`_bootstrap`). With `peer` (a prefix of mode names), each other
+    mode's ratio to the peer's best mode too, chosen the same way; with `reference` (a mode),
+    each other mode's completions compared with its, request by request (`_identical`); the
+    acceptance (alpha_hat = accepted / drafted) where a mode drafted. Warm-up rounds are left out."""
     levels = [lv for lv in levels if not lv.warmup]
     rows = []
     keys = sorted({(lv.mode, lv.concurrency) for lv in levels}, key=lambda key: (key[1], key[0] != "plain", key[0]))
@@ -153,16 +209,17 @@ def summarize(levels: list[Level]) -> list[dict]:
         ):
             row[name] = statistics.median(getattr(lv, name) for lv in runs)
         row["errors"] = sum(lv.errors for lv in runs)
+        row["prompt_tokens"] = statistics.median(lv.prompt_tokens for lv in runs)
+        drafted = sum(lv.drafted for lv in runs)
+        if drafted:
+            row["alpha_hat"] = sum(lv.accepted for lv in runs) / drafted
         plain = [lv for lv in levels if lv.mode == "plain" and lv.concurrency == concurrency]
         if plain and mode != "plain" and len(plain) == len(runs):
             row["throughput_vs_plain"] = statistics.median(
                 a.throughput_tok_s / b.throughput_tok_s for a, b in zip(runs, plain)
             )
-        others = [
-            [lv for lv in levels if lv.mode == other and lv.concurrency == concurrency]
-            for other in modes
-            if other != mode
-        ]
+        names = [other for other in modes if other != mode]
+        others = [[lv for lv in levels if lv.mode == other and lv.concurrency == concurrency] for other in names]
         if others and all(len(runs_other) == len(runs) for runs_other in others):
             row["throughput_vs_best_other"] = _vs_best_other(runs, others, range(len(runs)))
             if len(runs) >= 3:
@@ -173,8 +230,24 @@ def summarize(levels: list[Level]) -> list[dict]:
                 run.throughput_tok_s / max(rest.throughput_tok_s for rest in round_)
                 for run, *round_ in zip(runs, *others)
             )
+        peers = [runs_other for other, runs_other in zip(names, others) if peer and other.startswith(peer)]
+        if peers and not mode.startswith(peer) and all(len(runs_other) == len(runs) for runs_other in peers):
+            row["throughput_vs_peer_best"] = _vs_best_other(runs, peers, range(len(runs)))
+        same = [lv for lv in levels if lv.mode == reference and lv.concurrency == concurrency]
+        if reference and mode != reference and len(same) == len(runs):
+            row["identical_to"] = reference
+            row["identical_requests"], row["compared_requests"] = _identical(runs, same)
         rows.append(row)
     return rows
+
+
+def _identical(runs: list[Level], reference: list[Level]) -> tuple[int, int]:
+    """(requests whose completion equals the reference's, requests compared), round by round:
+    request i of a round against request i of the reference's round (the same prompt and seed),
+    where both completed."""
+    pairs = [(a, b) for run, ref in zip(runs, reference) for a, b in zip(run.texts, ref.texts)]
+    compared = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return sum(a == b for a, b in compared), len(compared)
 
 
 def _vs_best_other(runs: list[Level], others: list[list[Level]], rounds) -> float:
@@ -226,8 +299,8 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def bench_serve(
-    servers: dict[str, str],
-    prompts: list[str],
+    servers: dict,
+    prompts: list,
     concurrency: list[int],
     requests: int | None,
     max_tokens: int,
@@ -236,7 +309,10 @@ def bench_serve(
     progress=None,
     warmups: int = 0,
 ) -> list[Level]:
-    """servers: mode -> base URL. First, at each level in turn, `warmups` rounds of every mode
+    """servers: mode -> base URL, or a peer's mode (peer.LlamaServerMode: `start(concurrency)`
+    -> URL, `stop()`, `body`) started for each of its rounds with as many slots as the level's
+    concurrency and stopped after it, so that no two servers decode at once. prompts: texts or
+    token-id lists. First, at each level in turn, `warmups` rounds of every mode
     that are reported but not measured (vLLM's `bench serve --num-warmups`: a server's first
     requests at a new load pay for what it has not seen yet, e.g. `--k auto` timing passes at a
     batch size new to it); then `repeats` sweeps, each one measured round of every mode at every
@@ -250,10 +326,15 @@ def bench_serve(
 
     def round_(c: int, warmup: bool) -> None:
         start, rounds[c] = rounds[c] % len(modes), rounds[c] + 1
-        for mode, url in modes[start:] + modes[:start]:
-            levels.append(
-                run_level(url, mode, prompts, c, requests or max(16, 2 * c), max_tokens, temperature, warmup=warmup)
-            )
+        for mode, server in modes[start:] + modes[:start]:
+            url = server if isinstance(server, str) else server.start(c)
+            try:
+                extra = None if isinstance(server, str) else server.body
+                n = requests or max(16, 2 * c)
+                levels.append(run_level(url, mode, prompts, c, n, max_tokens, temperature, warmup, extra))
+            finally:
+                if not isinstance(server, str):
+                    server.stop()
             if progress is not None:
                 progress(levels[-1])
 
@@ -267,4 +348,5 @@ def bench_serve(
 
 
 def as_dict(level: Level) -> dict:
-    return asdict(level)
+    """A level for the JSON report, without its completions."""
+    return {name: value for name, value in asdict(level).items() if name != "texts"}

@@ -183,19 +183,22 @@ class Spawned:
     (its /health answers, so a `--k auto` server has calibrated) when the constructor returns;
     `stop()` sends SIGINT and waits. bench-serve measures servers this way: a server in the load
     generator's process would share its interpreter lock, and every streamed token the load
-    generator reads would delay the server's next pass."""
+    generator reads would delay the server's next pass. `program` runs another server that takes
+    the same --host and --port and answers /health alike (llama.cpp's llama-server, peer.py)."""
 
-    def __init__(self, flags: list[str], timeout: float = 600.0):
+    def __init__(self, flags: list[str], timeout: float = 600.0, program: list[str] | None = None):
         import subprocess
         import sys
         import tempfile
         import time
 
-        self.log = tempfile.NamedTemporaryFile(prefix="verispec-serve-", suffix=".log", delete=False)  # noqa: SIM115  (closed by stop)
+        program = program or [sys.executable, "-m", "verispec", "serve"]
+        name = "verispec serve" if len(program) > 1 else Path(program[0]).name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"{name.replace(' ', '-')}-", suffix=".log", delete=False)  # noqa: SIM115  (closed by stop)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "verispec", "serve", *flags, "--host", "127.0.0.1", "--port", str(port)],
+            [*program, *flags, "--host", "127.0.0.1", "--port", str(port)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -208,7 +211,7 @@ class Spawned:
                     or f"no answer on {self.url}/health within {timeout:.0f} s"
                 )
                 self.stop()
-                raise RuntimeError(f"`verispec serve {' '.join(flags)}` did not start: {reason}")
+                raise RuntimeError(f"`{name} {' '.join(flags)}` did not start: {reason}")
             time.sleep(0.2)
 
     def stop(self) -> None:
