@@ -107,6 +107,8 @@ CASES = [
     ([*B, "--peer", "vllm"], "invalid choice", None),
     ([*B, "--top-p", "0"], "--top-p must be in (0, 1]", None),
     ([*B, "--seed", "0,x"], "--seed: must be comma-separated integers", None),
+    ([*B, "--draft-temperature", "2"], "--draft-temperature: must be 'auto' or a number in [0, 1]", None),
+    ([*B, "--draft-temperature", "0.5"], "bench takes a fixed one with --peer llamacpp only", None),
     ([*B, "--seed", "0,1"], "--seed takes several seeds only with --peer llamacpp, got 0,1", None),
     ([*B, "--peer", "llamacpp", "--seed", "4294967295"], "llama.cpp's seeds are integers in [0, 2**32 - 1)", None),
     ([*B, "--peer", "llamacpp", "--temperature", "0,1"], "--peer llamacpp runs one --temperature at a time", None),

@@ -249,7 +249,7 @@ def test_bench_peer_llamacpp_passes_its_sampling_settings_and_seeds(tmp_path, mo
     given = {}
 
     def fake_run(target, draft, texts, ks, max_new_tokens, repeats, sampling, seeds, *rest, **options):
-        given.update(sampling=sampling, seeds=seeds, ks=ks)
+        given.update(sampling=sampling, seeds=seeds, ks=ks, draft_temperature=options["draft_temperature"])
         return report(_results(), pair_order(3, [0]), None, dict(HEADER))
 
     monkeypatch.setattr(peer_llamacpp, "run_llamacpp_peer_bench", fake_run)
@@ -258,6 +258,30 @@ def test_bench_peer_llamacpp_passes_its_sampling_settings_and_seeds(tmp_path, mo
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f():"}\n')
     flags = ["--temperature", "0.8", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05", "--seed", "0,1,1,2"]
-    assert main(["bench", "--peer", "llamacpp", "--prompts", str(prompts), "--k", "4", *flags]) == 0
-    assert given == dict(sampling=SamplingParams(temperature=0.8, **TRUNCATED), seeds=[0, 1, 2], ks=[4])
+    peer = ["bench", "--peer", "llamacpp", "--prompts", str(prompts), "--k", "4"]
+    assert main([*peer, *flags]) == 0
+    sampling = SamplingParams(temperature=0.8, **TRUNCATED)
+    assert given == dict(sampling=sampling, seeds=[0, 1, 2], ks=[4], draft_temperature=None)  # auto
     assert "vs llama.cpp spec best" in capsys.readouterr().out
+    assert main([*peer, *flags, "--draft-temperature", "0.35"]) == 0 and given["draft_temperature"] == 0.35
+
+
+def test_draft_temperature_is_auto_or_a_number_in_0_1():
+    from verispec.cli.common import draft_temperature
+
+    assert draft_temperature("auto") is None and draft_temperature("0") == 0.0 and draft_temperature("1") == 1.0
+    for bad in ("", "1.5", "-0.1", "nan", "sharp"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be 'auto' or a number in"):
+            draft_temperature(bad)
+
+
+def test_the_proposal_temperature_is_read_from_a_model_drafter_alone_or_combined():
+    from verispec.analysis.peer_llamacpp import _proposal
+    from verispec.drafters.combined import CombinedDrafter
+    from verispec.drafters.model import ModelDrafter
+    from verispec.drafters.suffix import SuffixDrafter
+
+    fixed = ModelDrafter(torch.nn.Identity(), 0.0, 0.5)
+    assert _proposal(fixed) == {"tau": 0.5, "acceptance": {}}
+    assert _proposal(CombinedDrafter(SuffixDrafter(), fixed)) == {"tau": 0.5, "acceptance": {}}
+    assert _proposal(SuffixDrafter()) is None and _proposal(None) is None

@@ -154,6 +154,7 @@ def run_llamacpp_peer_bench(
     speculative_bin: str | Path | None = None,
     progress: Callable[[], None] | None = None,
     confidence_threshold: float = 0.0,
+    draft_temperature: float | None = None,
     ngram_types: Sequence[str] = (),
     ngram_draft_lengths: Sequence[int] = NGRAM_DRAFT_LENGTHS,
     suffix: bool = False,
@@ -166,7 +167,8 @@ def run_llamacpp_peer_bench(
     `draft_path=None` compares prompt lookup (verispec's and llama-cpp-python's) instead. With a
     confidence_threshold every draft length of both model drafts runs twice, without it and
     with it (verispec's `ModelDrafter` and llama.cpp's program, `--spec-draft-p-min`: both
-    stop drafting under the same rule), so that each side's best is taken over both.
+    stop drafting under the same rule), so that each side's best is taken over both. verispec's draft
+    model proposes at `draft_temperature` (None: auto, `ModelDrafter`'s choice by measured acceptance).
     `ngram_types` (needs `speculative_bin`) adds llama.cpp's n-gram drafters, each at its best of
     `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting (and suffix + the draft model, with
     one), whose corpus spans one seed's prompts of a round in order (requests served one after another)
@@ -192,7 +194,13 @@ def run_llamacpp_peer_bench(
 
     def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None):
         def run(i: int, seed: int) -> dict:
-            drafter = None if k == 0 else ModelDrafter(draft, threshold) if draft is not None else PromptLookupDrafter()
+            drafter = (
+                None
+                if k == 0
+                else ModelDrafter(draft, threshold, draft_temperature)
+                if draft is not None
+                else PromptLookupDrafter()
+            )
             if lookup is not None:  # suffix drafting, alone or before the draft model; a new corpus per seed's round
                 if i == 0:
                     lookup.clear_corpus()
@@ -272,6 +280,7 @@ def run_llamacpp_peer_bench(
             ks=list(ks),
             compiled_step=step,
             confidence_threshold=confidence_threshold,
+            draft_temperature="auto" if draft_temperature is None else draft_temperature,
             max_new_tokens=max_new_tokens,
             repeats=repeats,
             prompts=len(prompts),

@@ -30,6 +30,7 @@ from .common import (
     models_parent,
     needs_draft,
     progress,
+    proposal_parent,
     read_prompts,
     sampling_from,
     sampling_parent,
@@ -144,7 +145,7 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser(
         "bench",
         help="plain vs speculative decoding of the same prompts, interleaved, in one run",
-        parents=[models_parent(draft=MEASURED_HELP), confidence_parent(), truncation_parent()],
+        parents=[models_parent(draft=MEASURED_HELP), confidence_parent(), proposal_parent(), truncation_parent()],
     )
     bench.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     bench.add_argument("--k", default="1,2,4", help="draft lengths, comma-separated, 'auto' allowed (default 1,2,4)")
@@ -212,6 +213,8 @@ def _check_reports(args: argparse.Namespace) -> None:
         raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
     if args.peer == "llamacpp" and max(args.seed) >= SEED_LIMIT:
         raise ValueError(f"--seed: llama.cpp's seeds are integers in [0, 2**32 - 1), got {max(args.seed)}")
+    if args.draft_temperature is not None and args.peer != "llamacpp":
+        raise ValueError("--draft-temperature: bench takes a fixed one with --peer llamacpp only (else auto)")
     if len(args.seed) > 1 and args.peer != "llamacpp":
         raise ValueError(f"--seed takes several seeds only with --peer llamacpp, got {','.join(map(str, args.seed))}")
 
@@ -317,6 +320,7 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         args.threads,
         args.llama_cpp_bin,
         confidence_threshold=args.confidence_threshold,
+        draft_temperature=args.draft_temperature,
         ngram_types=ngram_types,
         ngram_draft_lengths=parse_lengths(args.peer_ngram_lengths),
         suffix=args.peer_suffix,

@@ -115,6 +115,19 @@ def seeds(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def draft_temperature(text: str) -> float | None:
+    """--draft-temperature: 'auto' (None: chosen by measured acceptance) or a proposal temperature in [0, 1]."""
+    if text.strip() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number in [0, 1], got {text!r}")
+    return value
+
+
 def confidence(text: str) -> float:
     try:
         value = float(text)
@@ -211,6 +224,20 @@ def confidence_parent() -> argparse.ArgumentParser:
         default=0.0,
         help="a model draft stops early where its most likely token's probability is below this (as "
         "transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min; default 0 = off)",
+    )
+    return parent
+
+
+def proposal_parent() -> argparse.ArgumentParser:
+    """--draft-temperature: the proposal temperature tau of a draft model (verispec/proposal.py)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--draft-temperature",
+        type=draft_temperature,
+        default=None,
+        metavar="auto|TAU",
+        help="a draft model proposes from its q sharpened by TAU in [0, 1] (1: q itself, 0: its most likely "
+        "token); auto (default): the TAU of a grid that accepts most where it was verified",
     )
     return parent
 
