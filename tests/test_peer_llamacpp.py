@@ -275,13 +275,21 @@ def test_draft_temperature_is_auto_or_a_number_in_0_1():
             draft_temperature(bad)
 
 
-def test_the_proposal_temperature_is_read_from_a_model_drafter_alone_or_combined():
-    from verispec.analysis.peer_llamacpp import _proposal
+def test_the_proposal_temperature_is_recorded_before_the_rows_leave():
+    """The engine drops a finished row's state (keep_rows), so the run's summary is taken as it leaves; a model
+    drafter alone or inside a combined draft, and nothing for a drafter without a proposal temperature."""
+    from verispec.analysis.peer_llamacpp import _record_proposal
     from verispec.drafters.combined import CombinedDrafter
     from verispec.drafters.model import ModelDrafter
     from verispec.drafters.suffix import SuffixDrafter
+    from verispec.proposal import TAUS
 
-    fixed = ModelDrafter(torch.nn.Identity(), 0.0, 0.5)
-    assert _proposal(fixed) == {"tau": 0.5, "acceptance": {}}
-    assert _proposal(CombinedDrafter(SuffixDrafter(), fixed)) == {"tau": 0.5, "acceptance": {}}
-    assert _proposal(SuffixDrafter()) is None and _proposal(None) is None
+    for make in (lambda d: d, lambda d: CombinedDrafter(SuffixDrafter(), d)):
+        model = ModelDrafter(torch.nn.Identity(), 0.0, None)
+        seen = _record_proposal(make(model))
+        model.proposal.start(1)
+        grid = torch.tensor(TAUS, dtype=torch.float32).flip(0)[None, None, :].expand(1, 3, len(TAUS))  # tau 0 best
+        model.proposal.observe(grid, torch.ones(1, 3, dtype=torch.bool))
+        model.proposal.keep_rows([])  # the row leaves
+        assert seen[-1]["tau"] == 0.0 and seen[-1]["acceptance"][0.0] == pytest.approx(1.0)
+    assert _record_proposal(SuffixDrafter()) == [] and _record_proposal(None) == []

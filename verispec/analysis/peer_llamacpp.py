@@ -19,13 +19,12 @@ of decode-only tokens/s (report: `peer_report`):
 - with `ngram_types`, the same program's model-free n-gram drafters (`--spec-type ngram-mod`,
   ...; `llamacpp_program`), each at every length of `ngram_draft_lengths`, only each drafter's
   fastest length reported.
-Every system samples one distribution: temperature, top-k, top-p, min-p in verispec's order
-(`sampling.process_logits`), on llama.cpp's program by `--samplers` (`llamacpp_program.sampler_names`) and on
-llama-cpp-python by a chain of the same samplers in that order (`ordered_sampler`: its own puts temperature last).
-How each proposes and accepts at T > 0: llama.cpp's draft (draft-simple) proposes its most likely token (top-k 10,
-no temperature: the argmax, sampled nowhere), and its target samples each position and keeps a proposal while the
-sample equals it (acceptance p(x)); llama-cpp-python's prompt lookup likewise (deterministic proposals, sample and
-match); verispec samples its draft's q (or the proposal distribution its drafter chose) and accepts by min(1, p/q).
+Every system samples one distribution: temperature, top-k, top-p, min-p in verispec's order (`process_logits`);
+llama.cpp's program by `--samplers` (`llamacpp_program.sampler_names`), llama-cpp-python by `ordered_sampler`
+(its own chain puts temperature last). How llama.cpp speculates at T > 0:
+- its draft (draft-simple) proposes its most likely token (top-k 10, no temperature, nothing sampled);
+- its target samples each position and keeps a proposal while the sample equals it (acceptance p(x));
+llama-cpp-python's prompt lookup proposes deterministically and keeps proposals the same way.
 Every system generates max_new_tokens tokens per prompt, never stopping early (llama.cpp's
 program may go a few tokens past, by its own rule). Greedy outputs are compared with llama.cpp
 plain's: as token ids in this process, as text for the external program (which prints text).
@@ -208,7 +207,7 @@ def run_llamacpp_peer_bench(
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, (ModelDrafter, CombinedDrafter)) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
-            stats = SpecStats()
+            stats, proposals = SpecStats(), _record_proposal(drafter)
             params = dataclasses.replace(sampling, seed=seed)
             tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
             return {
@@ -218,7 +217,7 @@ def run_llamacpp_peer_bench(
                 "stats": stats,
                 "inside": sum(m.forward_compute_s for m in models) - inside_before,
                 "target": target.forward_compute_s - target_before,
-                "proposal": _proposal(drafter),
+                "proposal": proposals[-1] if proposals else None,
             }
 
         return run
@@ -333,11 +332,25 @@ def interleave(
     return results
 
 
-def _proposal(drafter) -> dict | None:
-    """The proposal temperature the drafter chose (`drafter.proposal.summary()`), where it has one; the
-    model drafter of a combined draft's."""
-    proposal = getattr(drafter, "proposal", None) or getattr(getattr(drafter, "drafter", None), "proposal", None)
-    return None if proposal is None else proposal.summary()
+def _proposal(drafter):
+    """The drafter's proposal temperature (`proposal.ProposalTemperature`), where it has one; the model
+    drafter's of a combined draft."""
+    return getattr(drafter, "proposal", None) or getattr(getattr(drafter, "drafter", None), "proposal", None)
+
+
+def _record_proposal(drafter) -> list[dict]:
+    """The summaries of the drafter's proposal temperature taken as rows leave (the engine drops a
+    finished row's state, so a summary read after the run would have none): the last is the run's."""
+    proposal, seen = _proposal(drafter), []
+    if proposal is not None:
+        keep_rows = proposal.keep_rows
+
+        def recorded(rows: list[int]) -> None:
+            seen.append(proposal.summary())
+            keep_rows(rows)
+
+        proposal.keep_rows = recorded
+    return seen
 
 
 def _program(directory: str | Path) -> Path:

@@ -103,7 +103,8 @@ def peer_llamacpp_lines(result: dict, max_new_tokens: int, repeats: int, confide
             measured = " ".join(f"{tau}:{value:.3f}" for tau, value in row["proposal_acceptance"].items())
             lines.append(
                 f"{row['system']}: proposal temperature at the end of each run: {chosen} of "
-                f"{sum(row['proposal_tau'].values())} runs; measured acceptance by tau: {measured}"
+                f"{sum(row['proposal_tau'].values())} runs"
+                + (f"; acceptance per verified position by tau: {measured}" if measured else "")
             )
     stop = (
         f"; rows marked 'confidence {confidence_threshold:g}' stop drafting below that probability (llama.cpp's "
