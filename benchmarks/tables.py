@@ -71,16 +71,27 @@ def llamacpp_peer_table(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
-        best = "-" if r["vs_llamacpp_speculative_best"] is None else f"{r['vs_llamacpp_speculative_best']:.2f}"
-        alpha = "-" if r.get("alpha_hat") is None else f"{r['alpha_hat']:.3f}"
+        best = _ranged(r["vs_llamacpp_speculative_best"], r.get("vs_llamacpp_speculative_best_range"), ".2f")
+        alpha = _ranged(r.get("alpha_hat"), r.get("alpha_hat_range"), ".3f")
         passes = "-" if "mean_tokens_per_pass" not in r else f"{r['mean_tokens_per_pass']:.2f}"
         own = "-" if "own_ms_per_pass" not in r else f"{r['own_ms_per_pass']:.2f} ({r['own_share_of_target_pass']:.0%})"
-        same = "-" if "identical_prompts" not in r else f"{r['identical_prompts']}/{result['prompts']}"
+        same = (
+            "-"
+            if "identical_prompts" not in r
+            else f"{r['identical_prompts']}/{result.get('pairs', result['prompts'])}"
+        )
         lines.append(
             f"| {r['system']} | {r['tokens_per_s']:.1f} | {r['vs_llamacpp_plain']:.2f} | {best} | {alpha} | {passes} | "
             f"{own} | {same} |"
         )
     return "\n".join(lines)
+
+
+def _ranged(value, span, spec: str) -> str:
+    """'1.20 [0.90-1.60]' (a median and its range over (prompt, seed) pairs), or '-'."""
+    if value is None:
+        return "-"
+    return f"{value:{spec}}" + ("" if span is None else f" [{span[0]:{spec}}-{span[1]:{spec}}]")
 
 
 def plan_table(report: dict) -> str:

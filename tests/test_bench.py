@@ -474,19 +474,21 @@ def test_the_profile_stays_within_the_models_context(pair):
 
 def test_llama_cpp_program_command_lines_for_the_draft_model_and_each_ngram_drafter(tmp_path):
     from verispec.analysis import llamacpp_program as lp
+    from verispec.config import SamplingParams
 
     program, target, draft = tmp_path / "llama-speculative-simple", tmp_path / "t.gguf", tmp_path / "d.gguf"
-    line = lp.command(program, target, "def f():", 16, 0.0, 0, 2, 256, draft=draft, k=3, p_min=0.5)
+    greedy, sampled = SamplingParams(temperature=0.0, seed=0), SamplingParams(temperature=1.0, seed=7)
+    line = lp.command(program, target, "def f():", 16, greedy, 2, 256, draft=draft, k=3, p_min=0.5)
     assert line[line.index("--spec-type") + 1] == "draft-simple" and line[line.index("-md") + 1] == str(draft)
     assert line[line.index("-p") + 1] == "def f():" and line.index("--no-escape") < line.index("-p")
     assert line[line.index("--spec-draft-n-max") + 1] == "3" and line[line.index("--spec-draft-p-min") + 1] == "0.5"
     for spec_type, flag in lp.NGRAM_LENGTH_FLAGS.items():
-        line = lp.command(program, target, "def f():", 16, 1.0, 7, 2, 256, ngram=spec_type, k=16)
+        line = lp.command(program, target, "def f():", 16, sampled, 2, 256, ngram=spec_type, k=16)
         assert line[line.index("--spec-type") + 1] == spec_type and "-md" not in line and "-td" not in line
         assert (line[line.index(flag) + 1] == "16") if flag else not any(a.startswith("--spec-ngram") for a in line)
         assert line[line.index("--temp") + 1] == "1.0" and line[line.index("-s") + 1] == "7"
     with pytest.raises(ValueError, match="not both or neither"):
-        lp.command(program, target, "x", 16, 0.0, 0, 2, 256, draft=draft, ngram="ngram-mod")
+        lp.command(program, target, "x", 16, greedy, 2, 256, draft=draft, ngram="ngram-mod")
     assert lp.ngram_lengths("ngram-cache", [4, 16]) == [lp.NGRAM_CACHE_LENGTH]
     assert lp.ngram_lengths("ngram-mod", [4, 16]) == [4, 16]
 

@@ -391,8 +391,11 @@ def test_a_flag_means_one_thing_in_every_command():
     """--seed is the sampling seed wherever it appears (train's and toy's seeds of weights have
     names of their own), --top-k the sampling filter (train teacher's is --teacher-top-k), and
     bench-serve's budget per request is --max-new-tokens as elsewhere (--max-tokens still parses)."""
-    for argv in (["generate", "x"], ["bench", "--prompts", "p"], ["plan", "--prompts", "p"], ["check"]):
+    for argv in (["generate", "x"], ["plan", "--prompts", "p"], ["check"]):
         assert parse_args([*argv, "--seed", str(2**63 - 1)]).seed == 2**63 - 1
+    bench = ["bench", "--prompts", "p"]  # bench's --k, --temperature and --seed are lists of what it compares
+    assert parse_args([*bench, "--seed", f"{2**63 - 1},0"]).seed == [2**63 - 1, 0]
+    assert [parse_args([*argv, "--top-k", "8"]).top_k for argv in (["generate", "x"], bench, ["check"])] == [8] * 3
     assert parse_args(["train", "target", "--train-seed", "3"]).train_seed == 3
     assert parse_args(["toy", "out", "--weights-seed", "3"]).weights_seed == 3
     assert parse_args(["train", "teacher", "--teacher-top-k", "8"]).teacher_top_k == 8

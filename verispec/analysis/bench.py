@@ -105,8 +105,10 @@ def run_bench(
     draft_model: torch.nn.Module | None = None,
     progress: bool = True,
     samplings: Sequence[str] = ("rejection",),
+    truncation: dict | None = None,
 ) -> dict:
     """Measure every (temperature, sampling mode, k); return {"runs": [...], "profile": ..., ...}.
+    `truncation` (top_k, top_p, min_p, as SamplingParams takes them) applies at every temperature.
 
     Invariant mode (not run at T = 0, where it is greedy) also checks that the speculative
     tokens equal the plain ones, and its run carries the bound on its acceptance, beta/(2 - beta)
@@ -128,7 +130,9 @@ def run_bench(
     settings = [(t, mode) for t in temperatures for mode in samplings if not (t == 0 and mode == "invariant")]
     bar = tqdm(total=len(settings) * len(ks) * repeats, disable=not progress, desc="bench", dynamic_ncols=True)
     for temperature, sampling in settings:
-        params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, sampling=sampling)
+        params = SamplingParams(
+            temperature=temperature, seed=seed, max_new_tokens=max_new_tokens, sampling=sampling, **(truncation or {})
+        )
         for k in ks:
             base_tps, spec_tps, ratios, identical, stats_all = [], [], [], True, SpecStats()
             prefill_plain, prefill_spec, taus = [], [], []
@@ -210,6 +214,7 @@ def run_bench(
         "target_bytes_per_pass": weight_bytes(target),
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
+        "truncation": dict(truncation or {}),
         "noisy_runs": sum(r["noisy"] for r in runs),
         "note": "mean_tokens_per_pass includes the recovered/bonus token (1..k+1); speedup = median of per-pair "
         "ratios; "

@@ -6,6 +6,10 @@ draft-simple`) and for each of its model-free n-gram drafters (`--spec-type ngra
 output (text, decode speed, drafted and accepted counts), and the choice of each n-gram
 drafter's best draft length from a sweep. Knows nothing of verispec's engine or of the report's
 other rows.
+
+Sampling: the program's chain is set to verispec's (`sampler_names`: `--samplers top_k;temperature;top_p;min_p`,
+only those on), so that both sample one distribution; its default applies temperature last, after top-p and
+min-p, and adds penalties, DRY, XTC and typical-p (all off at their defaults), which the list leaves out.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+from ..config import SamplingParams
 
 PROGRAM = "llama-speculative-simple"
 # the flag that sets each n-gram drafter's draft length in this llama.cpp version (common/arg.cpp);
@@ -27,6 +33,37 @@ NGRAM_LENGTH_FLAGS: dict[str, str | None] = {
 }
 NGRAM_CACHE_LENGTH = 8
 NGRAM_DRAFT_LENGTHS = (4, 8, 16, 48)  # the default sweep: short drafts to llama.cpp's own default (48)
+# verispec's order (sampling.process_logits: temperature, top-k, top-p, min-p) in llama.cpp's sampler names
+# (common/sampling.cpp); top-k keeps the same tokens before or after temperature, and before it is cheaper
+SAMPLER_ORDER = ("top_k", "temperature", "top_p", "min_p")
+SEED_LIMIT = 2**32 - 1  # llama.cpp's seeds are uint32, and 2**32 - 1 (LLAMA_DEFAULT_SEED) means a random one
+
+
+def sampler_names(params: SamplingParams) -> list[str]:
+    """llama.cpp's sampler chain for `params`, in verispec's order, only the filters that are on
+    (temperature always: at 0 it keeps the most likely token alone, greedy as verispec's T = 0)."""
+    on = {"top_k": params.top_k > 0, "temperature": True, "top_p": params.top_p < 1.0, "min_p": params.min_p > 0.0}
+    return [name for name in SAMPLER_ORDER if on[name]]
+
+
+def sampling_flags(params: SamplingParams) -> list[str]:
+    """The program's sampling flags: the settings of `params`, its seed, and the chain in verispec's order."""
+    if params.seed is None or not 0 <= params.seed < SEED_LIMIT:
+        raise ValueError(f"llama.cpp's seeds are integers in [0, 2**32 - 1), got {params.seed}")
+    return [
+        "--temp",
+        str(params.temperature),
+        "--top-k",
+        str(params.top_k),
+        "--top-p",
+        str(params.top_p),
+        "--min-p",
+        str(params.min_p),
+        "--samplers",
+        ";".join(sampler_names(params)),
+        "-s",
+        str(params.seed),
+    ]
 
 
 def parse_ngram_types(spec: str) -> list[str]:
@@ -64,8 +101,7 @@ def command(
     target: Path,
     text: str,
     max_new_tokens: int,
-    temperature: float,
-    seed: int,
+    params: SamplingParams,
     threads: int,
     n_ctx: int,
     *,
@@ -75,16 +111,12 @@ def command(
     ngram: str | None = None,
 ) -> list[str]:
     """The program's command line: the draft model `draft` at draft length k (`draft-simple`), or
-    with `ngram` set, that n-gram drafter at draft length k and no draft model. The prompt is taken
-    as given (no escape processing); flash attention off like every other system of the
-    comparison; other settings at the program's defaults."""
+    with `ngram` set, that n-gram drafter at draft length k and no draft model; sampling as `params`
+    (its seed included) in verispec's order. The prompt is taken as given (no escape processing);
+    flash attention off like every other system of the comparison; other settings at the program's
+    defaults."""
     if (draft is None) == (ngram is None):
         raise ValueError("give a draft model or an n-gram drafter, not both or neither")
-    sampling = (
-        ["--temp", "0"]
-        if temperature == 0
-        else ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
-    )
     if ngram is None:
         spec = ["-md", str(draft), "-td", str(threads), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
         spec += ["--spec-draft-p-min", str(p_min)] if p_min else []
@@ -105,11 +137,9 @@ def command(
         str(threads),
         "-c",
         str(n_ctx),
-        "-s",
-        str(seed),
         "-fa",
         "off",
-        *sampling,
+        *sampling_flags(params),
     ]
 
 

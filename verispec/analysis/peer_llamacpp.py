@@ -1,13 +1,14 @@
 """The side-by-side with llama.cpp itself, on the same GGUF files (`verispec bench --peer llamacpp`).
 
-Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system on each prompt in turn
-(so that drift over a round lands on all of them alike), rounds repeated, medians over rounds
-of decode-only tokens/s:
+Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system on each (prompt, seed) pair
+in turn (seeds outer, prompts inner: so that drift over a round lands on all of them alike, and a
+suffix corpus spans one seed's prompts), rounds repeated; per system and pair the median over rounds
+of decode-only tokens/s (report: `peer_report`):
 - verispec plain and verispec speculative at each draft length in `ks` (an int or "auto"; the
   draft model, or prompt lookup with `draft_path=None`), on llama.cpp (`LlamaCppModel`):
   decode = total time - prefill;
-- llama.cpp plain through llama-cpp-python (`Llama.generate`, its own sampler): decode = from
-  the first generated token on;
+- llama.cpp plain through llama-cpp-python (`Llama.generate`): decode = from the first generated
+  token on;
 - llama.cpp's prompt lookup through llama-cpp-python (`LlamaPromptLookupDecoding`), with
   `draft_path=None`, at each integer k;
 - llama.cpp's own speculative decoding, when `speculative_bin` names a directory holding
@@ -18,6 +19,12 @@ of decode-only tokens/s:
 - with `ngram_types`, the same program's model-free n-gram drafters (`--spec-type ngram-mod`,
   ...; `llamacpp_program`), each at every length of `ngram_draft_lengths`, only each drafter's
   fastest length reported.
+Every system samples one distribution: temperature, top-k, top-p, min-p in verispec's order (`process_logits`);
+llama.cpp's program by `--samplers` (`llamacpp_program.sampler_names`), llama-cpp-python by `ordered_sampler`
+(its own chain puts temperature last). How llama.cpp speculates at T > 0:
+- its draft (draft-simple) proposes its most likely token (top-k 10, no temperature, nothing sampled);
+- its target samples each position and keeps a proposal while the sample equals it (acceptance p(x));
+llama-cpp-python's prompt lookup proposes deterministically and keeps proposals the same way.
 Every system generates max_new_tokens tokens per prompt, never stopping early (llama.cpp's
 program may go a few tokens past, by its own rule). Greedy outputs are compared with llama.cpp
 plain's: as token ids in this process, as text for the external program (which prints text).
@@ -27,9 +34,11 @@ the logits) is reported per target pass and as a share of the target pass's own 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 
 from ..config import SamplingParams
@@ -42,19 +51,53 @@ from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
 from ..policy import AdaptiveLength
 from ..stats import SpecStats
 from . import llamacpp_program
-from .llamacpp_program import NGRAM_DRAFT_LENGTHS, ngram_lengths, ngram_system
+from .llamacpp_program import NGRAM_DRAFT_LENGTHS, SEED_LIMIT, ngram_lengths, ngram_system, sampler_names
+from .peer_report import PLAIN, report
 from .profile import profile_costs
 
 SPECULATIVE_PROGRAM = llamacpp_program.PROGRAM
-PLAIN = "llama.cpp plain (llama-cpp-python)"
+
+
+def ordered_sampler(params: SamplingParams, seed: int):
+    """A llama-cpp-python sampler chain (`_internals.LlamaSampler`) that samples what verispec
+    samples: the samplers of `sampler_names` in that order, then a seeded draw; greedy at T = 0."""
+    from llama_cpp._internals import LlamaSampler
+
+    sampler = LlamaSampler()
+    if params.greedy:
+        sampler.add_greedy()
+        return sampler
+    add = {
+        "top_k": lambda: sampler.add_top_k(params.top_k),
+        "temperature": lambda: sampler.add_temp(params.temperature),
+        "top_p": lambda: sampler.add_top_p(params.top_p, 1),
+        "min_p": lambda: sampler.add_min_p(params.min_p, 1),
+    }
+    for name in sampler_names(params):
+        add[name]()
+    sampler.add_dist(seed)
+    return sampler
+
+
+@cache
+def _ordered_llama():
+    """llama_cpp.Llama whose generate samples with `ordered_sampler` (its own chain is top-k, typical-p,
+    top-p, min-p, then temperature)."""
+    from llama_cpp import Llama
+
+    class OrderedLlama(Llama):
+        def _init_sampler(self, top_k=0, top_p=1.0, min_p=0.0, temp=0.0, **_ignored):  # generate's settings
+            params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+            return ordered_sampler(params, self._seed)
+
+    return OrderedLlama
 
 
 def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None = None):
-    from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
-    return Llama(
+    return _ordered_llama()(
         model_path=str(path),
         n_ctx=n_ctx,
         n_threads=threads,
@@ -66,14 +109,12 @@ def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None
     )
 
 
-def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
+def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> dict:
     """llama-cpp-python's generate, its prompt cache emptied first; decode timed from the first token."""
     llm.reset()
-    llm.set_seed(seed)
+    llm.set_seed(params.seed)
     tokens, first = [], None
-    sampling = (
-        dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0) if temperature > 0 else dict(temp=0.0)
-    )
+    sampling = dict(temp=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
     for token in llm.generate(prompt, reset=True, **sampling):
         tokens.append(int(token))
         if first is None:
@@ -83,6 +124,22 @@ def _run_llama_cpp_python(llm, prompt: list[int], max_new_tokens: int, temperatu
     return {"tokens": tokens, "decoded": len(tokens) - 1, "seconds": time.perf_counter() - first}
 
 
+def _check(ks, max_new_tokens, repeats, seeds, ngram_types, ngram_draft_lengths, speculative_bin) -> None:
+    numeric = [k for k in ks if k != "auto"]
+    if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
+        raise ValueError(
+            f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, "
+            f"{max_new_tokens}, {list(ks)}"
+        )
+    if not seeds or any(not isinstance(s, int) or not 0 <= s < SEED_LIMIT for s in seeds):
+        raise ValueError(f"--seed: llama.cpp's seeds are integers in [0, 2**32 - 1), got {list(seeds)}")
+    if ngram_types and (speculative_bin is None or not ngram_draft_lengths or min(ngram_draft_lengths) < 1):
+        raise ValueError(
+            f"llama.cpp's n-gram drafters need --llama-cpp-bin and draft lengths >= 1, got "
+            f"{speculative_bin}, {list(ngram_draft_lengths)}"
+        )
+
+
 def run_llamacpp_peer_bench(
     target_path: str | Path,
     draft_path: str | Path | None,
@@ -90,38 +147,34 @@ def run_llamacpp_peer_bench(
     ks: Sequence[int | str] = (4,),
     max_new_tokens: int = 128,
     repeats: int = 3,
-    temperature: float = 0.0,
-    seed: int = 0,
+    sampling: SamplingParams | None = None,
+    seeds: Sequence[int] = (0,),
     threads: int | None = None,
     speculative_bin: str | Path | None = None,
     progress: Callable[[], None] | None = None,
     confidence_threshold: float = 0.0,
+    draft_temperature: float | None = None,
     ngram_types: Sequence[str] = (),
     ngram_draft_lengths: Sequence[int] = NGRAM_DRAFT_LENGTHS,
     suffix: bool = False,
 ) -> dict:
     """Median decode tokens/s per system, ratios to llama.cpp plain and to llama.cpp's own
-    speculative decoding at its best k, acceptance, verispec's own share, and identity.
-    Prompts are texts, encoded with the target GGUF's own vocabulary. `draft_path=None`
-    compares prompt lookup (verispec's and llama-cpp-python's) instead. With a
+    speculative decoding at its best k (medians over (prompt, seed) pairs, with their range),
+    acceptance per proposal, verispec's own share and proposal temperature, and identity.
+    `sampling` gives temperature, top-k, top-p and min-p (its seed is ignored: each pair has one of
+    `seeds`; default greedy). Prompts are texts, encoded with the target GGUF's own vocabulary.
+    `draft_path=None` compares prompt lookup (verispec's and llama-cpp-python's) instead. With a
     confidence_threshold every draft length of both model drafts runs twice, without it and
     with it (verispec's `ModelDrafter` and llama.cpp's program, `--spec-draft-p-min`: both
-    stop drafting under the same rule), so that each side's best is taken over both.
+    stop drafting under the same rule), so that each side's best is taken over both. verispec's draft
+    model proposes at `draft_temperature` (None: auto, `ModelDrafter`'s choice by measured acceptance).
     `ngram_types` (needs `speculative_bin`) adds llama.cpp's n-gram drafters, each at its best of
     `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting (and suffix + the draft model, with
-    one), whose corpus spans the prompts of a round in order (requests served one after another) and
-    starts empty each round."""
-    numeric = [k for k in ks if k != "auto"]
-    if repeats < 1 or max_new_tokens < 2 or not ks or any(not isinstance(k, int) or k < 1 for k in numeric):
-        raise ValueError(
-            f"repeats must be >= 1, max_new_tokens >= 2 and ks integers >= 1 or 'auto', got {repeats}, "
-            f"{max_new_tokens}, {list(ks)}"
-        )
-    if ngram_types and (speculative_bin is None or not ngram_draft_lengths or min(ngram_draft_lengths) < 1):
-        raise ValueError(
-            f"llama.cpp's n-gram drafters need --llama-cpp-bin and draft lengths >= 1, got "
-            f"{speculative_bin}, {list(ngram_draft_lengths)}"
-        )
+    one), whose corpus spans one seed's prompts of a round in order (requests served one after another)
+    and starts empty at each seed's first prompt."""
+    _check(ks, max_new_tokens, repeats, seeds, ngram_types, ngram_draft_lengths, speculative_bin)
+    sampling = SamplingParams(temperature=0.0) if sampling is None else sampling
+    sampling = dataclasses.replace(sampling, max_new_tokens=max_new_tokens, seed=None)
     target_path = Path(target_path)
     target = LlamaCppModel(target_path, threads)
     draft = LlamaCppModel(draft_path, threads) if draft_path is not None else None
@@ -129,26 +182,33 @@ def run_llamacpp_peer_bench(
     step = step_status()  # built (once) before anything is timed
     tokenizer = GGUFTokenizer(target)
     texts, prompts = list(prompts), [tokenizer.encode(text).ids for text in prompts]
+    numeric = [k for k in ks if k != "auto"]
     k_max = max(numeric or [8])
     n_ctx = max(map(len, prompts)) + max_new_tokens + k_max + 16
-    params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
     profile = None
     if "auto" in ks:
         profile = profile_costs(
             target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2)
         )
 
-    def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None) -> Callable[[int], dict]:
-        def run(i: int) -> dict:
-            drafter = None if k == 0 else ModelDrafter(draft, threshold) if draft is not None else PromptLookupDrafter()
-            if lookup is not None:  # suffix drafting, alone or before the draft model; a new corpus each round
+    def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None):
+        def run(i: int, seed: int) -> dict:
+            drafter = (
+                None
+                if k == 0
+                else ModelDrafter(draft, threshold, draft_temperature)
+                if draft is not None
+                else PromptLookupDrafter()
+            )
+            if lookup is not None:  # suffix drafting, alone or before the draft model; a new corpus per seed's round
                 if i == 0:
                     lookup.clear_corpus()
                 drafter = lookup if draft is None else CombinedDrafter(lookup, drafter)
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, (ModelDrafter, CombinedDrafter)) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
-            stats = SpecStats()
+            stats, proposals = SpecStats(), _record_proposal(drafter)
+            params = dataclasses.replace(sampling, seed=seed)
             tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
             return {
                 "tokens": tokens,
@@ -157,13 +217,18 @@ def run_llamacpp_peer_bench(
                 "stats": stats,
                 "inside": sum(m.forward_compute_s for m in models) - inside_before,
                 "target": target.forward_compute_s - target_before,
+                "proposal": proposals[-1] if proposals else None,
             }
 
         return run
 
-    plain = _llama_cpp_python(target_path, n_ctx, threads)
-    systems: dict[str, Callable[[int], dict]] = {
-        PLAIN: lambda i: _run_llama_cpp_python(plain, prompts[i], max_new_tokens, temperature, seed),
+    def python(llm) -> Callable[[int, int], dict]:  # llama-cpp-python on prompt i with one seed
+        return lambda i, seed: _run_llama_cpp_python(
+            llm, prompts[i], max_new_tokens, dataclasses.replace(sampling, seed=seed)
+        )
+
+    systems: dict[str, Callable[[int, int], dict]] = {
+        PLAIN: python(_llama_cpp_python(target_path, n_ctx, threads)),
         "verispec plain": verispec(0),
     }
     # with a confidence threshold, every draft length runs both without it and with it, on both sides
@@ -179,15 +244,14 @@ def run_llamacpp_peer_bench(
     if draft is None:
         for k in numeric:
             lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)
-            systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = lambda i, lookup=lookup: (
-                _run_llama_cpp_python(lookup, prompts[i], max_new_tokens, temperature, seed)
-            )
+            systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = python(lookup)
     program = _program(speculative_bin) if speculative_bin is not None else None
 
-    def external(k: int, **spec) -> Callable[[int], dict]:  # llama.cpp's program on prompt i
-        def run(i: int) -> dict:
+    def external(k: int, **spec) -> Callable[[int, int], dict]:  # llama.cpp's program on prompt i with one seed
+        def run(i: int, seed: int) -> dict:
+            params = dataclasses.replace(sampling, seed=seed)
             line = llamacpp_program.command(
-                program, target_path, texts[i], max_new_tokens, temperature, seed, threads, n_ctx + 64 + k, k=k, **spec
+                program, target_path, texts[i], max_new_tokens, params, threads, n_ctx + 64 + k, k=k, **spec
             )
             return llamacpp_program.run(line, texts[i])
 
@@ -205,27 +269,27 @@ def run_llamacpp_peer_bench(
         for length in ngram_lengths(spec_type, ngram_draft_lengths):
             sweeps[ngram_system(spec_type, length)] = (spec_type, length)
             systems[ngram_system(spec_type, length)] = external(length, ngram=spec_type)
-    rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
-    for _ in range(repeats):  # every system on one prompt, then the next: drift over a round lands on all of them alike
-        results: dict[str, list[dict]] = {name: [] for name in systems}
-        for i in range(len(prompts)):
-            for system, run in systems.items():
-                results[system].append(run(i))
-        for system in systems:
-            rounds[system].append(results[system])
-        if progress:
-            progress()
-    return _report(
-        rounds,
+    pairs = pair_order(len(prompts), seeds)
+    results = interleave(systems, pairs, repeats, progress)
+    return report(
+        results,
+        pairs,
         tokenizer,
         dict(
             ks=list(ks),
             compiled_step=step,
             confidence_threshold=confidence_threshold,
+            draft_temperature="auto" if draft_temperature is None else draft_temperature,
             max_new_tokens=max_new_tokens,
             repeats=repeats,
             prompts=len(prompts),
-            temperature=temperature,
+            seeds=list(seeds),
+            pairs=len(pairs),
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            min_p=sampling.min_p,
+            llama_cpp_samplers=";".join(sampler_names(sampling)),
             threads=threads,
             target=str(target_path),
             draft=None if draft_path is None else str(draft_path),
@@ -234,13 +298,59 @@ def run_llamacpp_peer_bench(
             profile=None if profile is None else profile.to_dict(),
             ngram_types=list(ngram_types),
             ngram_draft_lengths=list(ngram_draft_lengths) if ngram_types else [],
-            note="decode-only tokens/s (prefill excluded); alpha_hat = accepted / drafted tokens; "
+            note="decode-only tokens/s (prefill excluded), per (prompt, seed) pair the median over rounds, "
+            "per system the median over pairs; ratios: the median of per-pair ratios, [min, max] in *_range; "
+            "alpha_hat = accepted / drafted tokens, pooled (alpha_hat_range: per pair); "
             "own_ms_per_pass = verispec's time per target pass outside llama.cpp's passes "
             "(sampling, the rule, bookkeeping, logits copies); "
             "own_share_of_target_pass = that over the target pass's own time",
         ),
         sweeps,
     )
+
+
+def pair_order(n_prompts: int, seeds: Sequence[int]) -> list[tuple[int, int]]:
+    """The (prompt index, seed) pairs in the order they run: each seed's prompts in turn."""
+    return [(i, seed) for seed in dict.fromkeys(seeds) for i in range(n_prompts)]
+
+
+def interleave(
+    systems: dict[str, Callable[[int, int], dict]],
+    pairs: list[tuple[int, int]],
+    repeats: int,
+    progress: Callable[[], None] | None = None,
+) -> dict[str, list[list[dict]]]:
+    """Every system on one (prompt, seed) pair, then the next, round after round: results[system][pair]
+    lists that pair's runs, one per round."""
+    results: dict[str, list[list[dict]]] = {name: [[] for _ in pairs] for name in systems}
+    for _ in range(repeats):
+        for p, (i, seed) in enumerate(pairs):
+            for system, run in systems.items():
+                results[system][p].append(run(i, seed))
+        if progress:
+            progress()
+    return results
+
+
+def _proposal(drafter):
+    """The drafter's proposal temperature (`proposal.ProposalTemperature`), where it has one; the model
+    drafter's of a combined draft."""
+    return getattr(drafter, "proposal", None) or getattr(getattr(drafter, "drafter", None), "proposal", None)
+
+
+def _record_proposal(drafter) -> list[dict]:
+    """The summaries of the drafter's proposal temperature taken as rows leave (the engine drops a
+    finished row's state, so a summary read after the run would have none): the last is the run's."""
+    proposal, seen = _proposal(drafter), []
+    if proposal is not None:
+        keep_rows = proposal.keep_rows
+
+        def recorded(rows: list[int]) -> None:
+            seen.append(proposal.summary())
+            keep_rows(rows)
+
+        proposal.keep_rows = recorded
+    return seen
 
 
 def _program(directory: str | Path) -> Path:
@@ -251,62 +361,3 @@ def _program(directory: str | Path) -> Path:
             "(benchmarks/build_llama_speculative.sh builds it)"
         )
     return program
-
-
-def _report(
-    rounds: dict[str, list[list[dict]]],
-    tokenizer: GGUFTokenizer,
-    header: dict,
-    sweeps: dict[str, tuple[str, int]] | None = None,
-) -> dict:
-    """The report's rows: per system, median tokens/s, acceptance and identity; each n-gram
-    drafter of `sweeps` (system name -> (drafter, length)) kept at its fastest length."""
-    reference = [r["tokens"] for r in rounds[PLAIN][-1]]
-    reference_text = [tokenizer.decode(t) for t in reference]
-    own_plain = [r["tokens"] for r in rounds["verispec plain"][-1]] if "verispec plain" in rounds else None
-    rows = []
-    for system, runs in rounds.items():
-        row = {
-            "system": system,
-            "tokens_per_s": statistics.median(
-                sum(r["decoded"] for r in rs) / sum(r["seconds"] for r in rs) for rs in runs
-            ),
-        }
-        last = runs[-1]
-        if "stats" in last[0]:
-            stats = SpecStats()
-            for result in (r for rs in runs for r in rs):
-                stats.add(result["stats"].requests[0])
-            decode_s, inside_s, target_s = (
-                sum(r[key] for rs in runs for r in rs) for key in ("seconds", "inside", "target")
-            )
-            row.update(
-                alpha_hat=stats.alpha_hat if stats.proposed else None,
-                beta=stats.beta if stats.proposed else None,
-                mean_tokens_per_pass=stats.mean_tokens_per_pass,
-                own_ms_per_pass=1e3 * (decode_s - inside_s) / stats.target_passes,
-                own_share_of_target_pass=(decode_s - inside_s) / target_s,
-            )
-        elif "drafted" in last[0]:
-            drafted = sum(r["drafted"] for r in last)
-            row["alpha_hat"] = sum(r["accepted"] for r in last) / drafted if drafted else None
-        if header["temperature"] == 0:
-            if "tokens" in last[0]:
-                same = [r["tokens"] == tokens for r, tokens in zip(last, reference)]
-            else:  # text, over what both produced (the program may decode a few tokens more)
-                same = [a.startswith(b) or b.startswith(a) for a, b in zip((r["text"] for r in last), reference_text)]
-            row["identical_to_llamacpp_plain"], row["identical_prompts"] = all(same), sum(same)
-            if (
-                own_plain is not None and system.startswith("verispec") and "tokens" in last[0]
-            ):  # exactness: speculative = plain
-                row["identical_to_verispec_plain"] = all(r["tokens"] == tokens for r, tokens in zip(last, own_plain))
-        rows.append(row)
-    rows = llamacpp_program.keep_best_lengths(rows, sweeps or {})
-    base = rows[0]["tokens_per_s"]
-    own = [row["tokens_per_s"] for row in rows if row["system"].startswith("llama.cpp speculative")]
-    ngram = [row["tokens_per_s"] for row in rows if "draft_length_sweep" in row]
-    for row in rows:
-        row["vs_llamacpp_plain"] = row["tokens_per_s"] / base
-        row["vs_llamacpp_speculative_best"] = row["tokens_per_s"] / max(own) if own else None
-        row["vs_llamacpp_ngram_best"] = row["tokens_per_s"] / max(ngram) if ngram else None
-    return {**header, "runs": rows}

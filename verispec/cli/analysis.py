@@ -11,7 +11,14 @@ import json
 from pathlib import Path
 
 from .. import assemble
-from ..analysis.llamacpp_program import NGRAM_CACHE_LENGTH, NGRAM_DRAFT_LENGTHS, parse_lengths, parse_ngram_types
+from ..analysis.llamacpp_program import (
+    NGRAM_CACHE_LENGTH,
+    NGRAM_DRAFT_LENGTHS,
+    SEED_LIMIT,
+    parse_lengths,
+    parse_ngram_types,
+)
+from ..config import SamplingParams
 from . import reports
 from .common import (
     TARGET_HELP,
@@ -27,8 +34,10 @@ from .common import (
     sampling_from,
     sampling_parent,
     seed,
+    seeds,
     settings_from,
     temperatures,
+    truncation_parent,
 )
 
 PROFILED_HELP = (
@@ -138,7 +147,7 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser(
         "bench",
         help="plain vs speculative decoding of the same prompts, interleaved, in one run",
-        parents=[models_parent(draft=MEASURED_HELP), draft_options_parent()],
+        parents=[models_parent(draft=MEASURED_HELP), draft_options_parent(), truncation_parent()],
     )
     bench.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     bench.add_argument("--k", default="1,2,4", help="draft lengths, comma-separated, 'auto' allowed (default 1,2,4)")
@@ -151,16 +160,17 @@ def _add_bench(commands) -> None:
     bench.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     bench.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--repeats", type=int, default=3, help="plain/speculative pairs per (k, temperature)")
-    bench.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
+    bench.add_argument("--seed", type=seeds, default=[0], help="sampling seed (default 0); --peer llamacpp: a list")
     bench.add_argument("--json", metavar="OUT", help="write the results here")
     bench.add_argument("--csv", metavar="OUT", help="write one row per run here")
     bench.add_argument("--plot-dir", help="write speedup_vs_k.png and acceptance_by_position.png here")
     bench.add_argument(
         "--peer",
         choices=["hf", "llamacpp"],
-        help="instead, greedy: hf = verispec vs transformers' generate (plain, assisted at the first k; "
+        help="instead: hf = verispec vs transformers' generate, greedy (plain, assisted at the first k; "
         "prompt lookup with --draft ngram); llamacpp = verispec on llama.cpp vs llama-cpp-python "
-        "(plain, prompt lookup) and llama.cpp's own speculative decoding",
+        "(plain, prompt lookup) and llama.cpp's own speculative decoding, at one --temperature with "
+        "--top-k/--top-p/--min-p, each sampling the same distribution",
     )
     bench.add_argument(
         "--llama-cpp-bin",
@@ -203,6 +213,10 @@ def _check_reports(args: argparse.Namespace) -> None:
         raise ValueError("--peer-suffix needs --peer llamacpp")
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
         raise ValueError("--peer hf needs transformers (pip install 'verispec[test]' or pip install transformers)")
+    if args.peer == "llamacpp" and max(args.seed) >= SEED_LIMIT:
+        raise ValueError(f"--seed: llama.cpp's seeds are integers in [0, 2**32 - 1), got {max(args.seed)}")
+    if len(args.seed) > 1 and args.peer != "llamacpp":
+        raise ValueError(f"--seed takes several seeds only with --peer llamacpp, got {','.join(map(str, args.seed))}")
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -210,9 +224,13 @@ def bench(args: argparse.Namespace) -> int:
 
     _check_reports(args)
     ks, temps = draft_lengths(args.k), temperatures(args.temperature)
+    truncation = dict(top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    SamplingParams(**truncation)  # checked now, named as flags
     samplings = [mode.strip() for mode in args.sampling.split(",")]
     if not samplings or any(mode not in ("rejection", "invariant") for mode in samplings):
         return fail(f"--sampling must list rejection and/or invariant, got {args.sampling!r}")
+    if args.peer == "llamacpp" and len(temps) > 1:
+        return fail(f"--peer llamacpp runs one --temperature at a time, got {args.temperature}")
     settings = settings_from(args)
     if not args.peer:
         needs_draft(settings, "bench")
@@ -223,7 +241,7 @@ def bench(args: argparse.Namespace) -> int:
             f"it does not take --draft {settings.draft}"
         )
     if args.peer == "llamacpp":
-        return _peer_llamacpp(args, settings, ks, temps[0])
+        return _peer_llamacpp(args, settings, ks, SamplingParams(temperature=temps[0], **truncation))
     if args.peer:
         return _peer_hf(args, settings)
     say = assemble.to_stderr()
@@ -241,9 +259,10 @@ def bench(args: argparse.Namespace) -> int:
         temps,
         args.max_new_tokens,
         args.repeats,
-        args.seed,
+        args.seed[0],
         getattr(drafter, "model", None),
         samplings=samplings,
+        truncation=truncation,
     )
     print("\n".join(reports.bench_lines(result, args.repeats)))
     for path in write_reports(result, args.json, args.csv, args.plot_dir):
@@ -280,7 +299,7 @@ def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
     return 0
 
 
-def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: list, temperature: float) -> int:
+def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: list, sampling: SamplingParams) -> int:
     from ..analysis.peer_llamacpp import run_llamacpp_peer_bench
 
     reason = assemble.llamacpp_unavailable()
@@ -296,22 +315,17 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         ks,
         args.max_new_tokens,
         args.repeats,
-        temperature,
+        sampling,
         args.seed,
         args.threads,
         args.llama_cpp_bin,
         confidence_threshold=args.confidence_threshold,
+        draft_temperature=args.draft_temperature,
         ngram_types=ngram_types,
         ngram_draft_lengths=parse_lengths(args.peer_ngram_lengths),
         suffix=args.peer_suffix,
     )
-    print(
-        "\n".join(
-            reports.peer_llamacpp_lines(
-                result, temperature, args.max_new_tokens, args.repeats, args.confidence_threshold
-            )
-        )
-    )
+    print("\n".join(reports.peer_llamacpp_lines(result, args.max_new_tokens, args.repeats, args.confidence_threshold)))
     _write_json(args.json, result)
     return 0
 

@@ -4,8 +4,9 @@ parsed arguments, output checks, prompt files, and the rewriting of library name
 
 One vocabulary: a flag means the same thing in every command that takes it. --target and --draft
 are models (--draft also 'ngram', 'suffix', 'early-exit:L' or 'none'), --k a draft length (a list where
-a command compares several), --seed the sampling seed, --temperature the sampling temperature,
---repeats the repetitions of a measurement, --json an output file. Knows nothing of models.
+a command compares several), --seed the sampling seed and --temperature the sampling temperature (each a list
+where bench compares several), --top-k/--top-p/--min-p the filters after temperature, --repeats the
+repetitions of a measurement, --json an output file. Knows nothing of models.
 """
 
 from __future__ import annotations
@@ -103,18 +104,20 @@ def seed(text: str) -> int:
     return value
 
 
-def confidence(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}")
-    return value
+def seeds(text: str) -> list[int]:
+    """--seed of bench: comma-separated sampling seeds, each as --seed takes it, repeats dropped."""
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(seed(item.strip()))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated integers in [0, 2**63), got {text!r}") from None
+    return list(dict.fromkeys(values))
 
 
 def draft_temperature(text: str) -> float | None:
-    if text == "auto":
+    """--draft-temperature: 'auto' (None: chosen by measured acceptance) or a proposal temperature in [0, 1]."""
+    if text.strip() == "auto":
         return None
     try:
         value = float(text)
@@ -122,6 +125,16 @@ def draft_temperature(text: str) -> float | None:
         value = -1.0
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be 'auto' or a number in [0, 1], got {text!r}")
+    return value
+
+
+def confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}")
     return value
 
 
@@ -224,13 +237,24 @@ def draft_options_parent() -> argparse.ArgumentParser:
     return parent
 
 
+def truncation_parent() -> argparse.ArgumentParser:
+    """--top-k, --top-p and --min-p, as SamplingParams takes them (applied after temperature, in that order)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    _add_truncation(parent)
+    return parent
+
+
+def _add_truncation(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+
+
 def sampling_parent(temperature: float) -> argparse.ArgumentParser:
     """The sampling flags, as SamplingParams takes them."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default {temperature:g})")
-    parent.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parent.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parent.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    _add_truncation(parent)
     parent.add_argument(
         "--sampling",
         choices=["rejection", "invariant"],

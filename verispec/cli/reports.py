@@ -73,33 +73,41 @@ def peer_hf_lines(result: dict, max_new_tokens: int, repeats: int) -> list[str]:
     return lines
 
 
-def peer_llamacpp_lines(
-    result: dict, temperature: float, max_new_tokens: int, repeats: int, confidence_threshold: float
-) -> list[str]:
+def peer_llamacpp_lines(result: dict, max_new_tokens: int, repeats: int, confidence_threshold: float) -> list[str]:
     """`bench --peer llamacpp`: verispec on llama.cpp against llama-cpp-python and llama.cpp's own
-    speculative decoding."""
-    versus = any(row["vs_llamacpp_speculative_best"] is not None for row in result["runs"])
+    speculative decoding; then each verispec row's proposal temperatures, where its drafter reports them."""
+    versus = result.get("llamacpp_speculative_best") is not None
     ngram = any(row.get("vs_llamacpp_ngram_best") is not None for row in result["runs"])
     header = (
         f"{'system':>52} {'tok/s':>8} {'vs plain':>8} {'vs llama.cpp spec best':>22} "
         + (f"{'vs n-gram best':>14} " if ngram else "")
-        + f"{'alpha_hat':>9} {'own ms/pass':>11}  identical"
+        + f"{'alpha_hat':>19} {'own ms/pass':>11}  identical"
     )
     lines = [header]
     for row in result["runs"]:
-        best = f"{row['vs_llamacpp_speculative_best']:.2f}" if versus else "-"
-        alpha = "-" if row.get("alpha_hat") is None else f"{row['alpha_hat']:.3f}"
+        best = _with_range(row["vs_llamacpp_speculative_best"], row["vs_llamacpp_speculative_best_range"], ".2f")
+        alpha = _with_range(row.get("alpha_hat"), row.get("alpha_hat_range"), ".2f")
         own = (
             "-"
             if "own_ms_per_pass" not in row
             else f"{row['own_ms_per_pass']:.2f} ({row['own_share_of_target_pass']:.0%})"
         )
         lines.append(
-            f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} {best:>22} "
+            f"{row['system']:>52} {row['tokens_per_s']:>8.1f} {row['vs_llamacpp_plain']:>8.2f} "
+            f"{best if versus else '-':>22} "
             + (f"{row['vs_llamacpp_ngram_best']:>14.2f} " if ngram else "")
-            + f"{alpha:>9} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
-            f"({row.get('identical_prompts', '-')}/{result['prompts']})"
+            + f"{alpha:>19} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
+            f"({row.get('identical_prompts', '-')}/{result['pairs']})"
         )
+    for row in result["runs"]:
+        if row.get("proposal_tau"):
+            chosen = ", ".join(f"{tau} in {n}" for tau, n in row["proposal_tau"].items())
+            measured = " ".join(f"{tau}:{value:.3f}" for tau, value in row["proposal_acceptance"].items())
+            lines.append(
+                f"{row['system']}: proposal temperature at the end of each run: {chosen} of "
+                f"{sum(row['proposal_tau'].values())} runs"
+                + (f"; acceptance per verified position by tau: {measured}" if measured else "")
+            )
     stop = (
         f"; rows marked 'confidence {confidence_threshold:g}' stop drafting below that probability (llama.cpp's "
         f"program: --spec-draft-p-min {confidence_threshold:g})"
@@ -107,10 +115,12 @@ def peer_llamacpp_lines(
         else ""
     )
     lines.append(
-        f"target {result['target_description']}, draft {result['draft_description']}; T={temperature}, batch 1, "
-        f"{max_new_tokens} new tokens per prompt, {result['threads']} threads, decode-only tokens/s, median of "
-        f"{repeats} rounds; own ms/pass: verispec's time outside llama.cpp per target pass (share of the target "
-        f"pass){stop}; {result['compiled_step']}"
+        f"target {result['target_description']}, draft {result['draft_description']}; {_sampling(result)}; batch 1, "
+        f"{max_new_tokens} new tokens per prompt, {result['threads']} threads, decode-only tokens/s: median over "
+        f"{result['pairs']} (prompt, seed) pairs ({result['prompts']} prompts x seeds "
+        f"{','.join(map(str, result['seeds']))}) of each pair's median of {repeats} rounds; ratios: median of the "
+        f"per-pair ratios [min, max]; alpha_hat: accepted / drafted [per-pair min, max]; own ms/pass: verispec's time "
+        f"outside llama.cpp per target pass (share of the target pass){stop}; {result['compiled_step']}"
     )
     if ngram:
         lines.append(
@@ -119,6 +129,29 @@ def peer_llamacpp_lines(
             "settings at its defaults"
         )
     return lines
+
+
+def _with_range(value: float | None, span: list[float] | None, spec: str) -> str:
+    """'0.42 [0.30,0.51]', or '-' without a value."""
+    if value is None:
+        return "-"
+    return f"{value:{spec}}" + ("" if span is None else f" [{span[0]:{spec}},{span[1]:{spec}}]")
+
+
+def _sampling(result: dict) -> str:
+    """The sampling settings every system used, and llama.cpp's sampler chain."""
+    if result["temperature"] == 0:
+        return "greedy (T=0)"
+    filters = [
+        f"{name} {result[key]:g}"
+        for name, key, off in (("top-k", "top_k", 0), ("top-p", "top_p", 1.0), ("min-p", "min_p", 0.0))
+        if result[key] != off
+    ]
+    return (
+        f"T={result['temperature']:g}"
+        + (", " + ", ".join(filters) if filters else ", no truncation")
+        + f" on every system (llama.cpp: --samplers {result['llama_cpp_samplers']}, verispec's order)"
+    )
 
 
 def plan_lines(report: dict) -> list[str]:
