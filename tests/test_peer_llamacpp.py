@@ -275,10 +275,10 @@ def test_draft_temperature_is_auto_or_a_number_in_0_1():
             draft_temperature(bad)
 
 
-def test_the_proposal_temperature_is_recorded_before_the_rows_leave():
-    """The engine drops a finished row's state (keep_rows), so the run's summary is taken as it leaves; a model
-    drafter alone or inside a combined draft, and nothing for a drafter without a proposal temperature."""
-    from verispec.analysis.peer_llamacpp import _record_proposal
+def test_the_proposal_temperature_of_a_model_draft_alone_or_combined():
+    """The run's proposal temperature is read from the model drafter, alone or inside a combined draft,
+    after its rows left; nothing for a drafter without one."""
+    from verispec.analysis.peer_llamacpp import _proposal
     from verispec.drafters.combined import CombinedDrafter
     from verispec.drafters.model import ModelDrafter
     from verispec.drafters.suffix import SuffixDrafter
@@ -286,10 +286,10 @@ def test_the_proposal_temperature_is_recorded_before_the_rows_leave():
 
     for make in (lambda d: d, lambda d: CombinedDrafter(SuffixDrafter(), d)):
         model = ModelDrafter(torch.nn.Identity(), 0.0, None)
-        seen = _record_proposal(make(model))
         model.proposal.start(1)
         grid = torch.tensor(TAUS, dtype=torch.float32).flip(0)[None, None, :].expand(1, 3, len(TAUS))  # tau 0 best
         model.proposal.observe(grid, torch.ones(1, 3, dtype=torch.bool))
         model.proposal.keep_rows([])  # the row leaves
-        assert seen[-1]["tau"] == 0.0 and seen[-1]["acceptance"][0.0] == pytest.approx(1.0)
-    assert _record_proposal(SuffixDrafter()) == [] and _record_proposal(None) == []
+        summary = _proposal(make(model)).summary()
+        assert summary["tau"] == 0.0 and summary["acceptance"][0.0] == pytest.approx(1.0)
+    assert _proposal(SuffixDrafter()) is None and _proposal(None) is None

@@ -161,3 +161,38 @@ def test_negative_control_rule_told_q_while_proposal_came_from_a_sharper_q(marko
     drafter = _ProposesSharperThanDeclared(drafts["close"], draft_temperature=1.0)
     counts, _ = _joint_counts(target, drafter, params, 2, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(JOINT_PROMPT, JOINT_TOKENS, params))
+
+
+def test_the_summary_keeps_the_rows_that_left():
+    proposal = ProposalTemperature()
+    proposal.start(2)
+    proposal.observe(
+        torch.stack([_grid(TAUS.index(0.2), 1)[0], _grid(TAUS.index(0.2), 1)[0]]), torch.ones(2, 3, dtype=torch.bool)
+    )
+    proposal.keep_rows([])  # both requests finished
+    summary = proposal.summary()
+    assert summary["tau"] == 0.2 and summary["acceptance"][0.2] == pytest.approx(0.6)
+    proposal.start(1)  # a new batch starts afresh
+    assert proposal.summary() == {"tau": 1.0, "acceptance": {}}
+
+
+def test_noise_does_not_move_a_row_off_q_and_a_real_gain_does():
+    """Every tau accepts 0.5 on average with independent noise: a row stays at q (a choice by the mean alone
+    leaves q in most rows: the control); a tau with a real gain of 0.1 is taken within 300 positions."""
+    generator = torch.Generator().manual_seed(3)
+    rows, positions = 400, 12
+    proposal = ProposalTemperature()
+    proposal.start(rows)
+    for _ in range(positions // 3):
+        proposal.observe(0.5 + 0.2 * torch.randn(rows, 3, len(TAUS), generator=generator), torch.ones(rows, 3).bool())
+    left_q = float((proposal.chosen() != 1).double().mean())
+    by_mean = float((proposal.estimates().argmax(dim=-1) != 0).double().mean())
+    assert left_q < 0.05 and by_mean > 0.5, (left_q, by_mean)
+    gain = torch.zeros(len(TAUS))
+    gain[TAUS.index(0.5)] = 0.1
+    proposal.start(rows)
+    for _ in range(300 // 3):
+        proposal.observe(
+            0.5 + gain + 0.2 * torch.randn(rows, 3, len(TAUS), generator=generator), torch.ones(rows, 3).bool()
+        )
+    assert float((proposal.chosen() == 0.5).double().mean()) > 0.95

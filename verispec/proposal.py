@@ -15,8 +15,9 @@ At every verified position p and q are both in memory, so the acceptance sum min
 every tau in the grid is known there, counterfactually, at the cost of a few [V] vector
 operations: `acceptance_grid`. `ProposalTemperature` keeps a running mean of it per row
 (request) and tau, and proposes each row from its best tau: a full-information choice, so it
-needs no exploration. The estimate pools the draft positions (a row sees k of them per pass; the
-ranking of tau is the same at every depth in what we measured). Rows are independent: a row's
+needs no exploration; a row leaves q only once another tau's gain clears its noise (a lower
+confidence bound on the paired difference). The estimate pools the draft positions (a row sees k
+of them per pass). Rows are independent: a row's
 choice reads only its own positions. Greedy rows (p and q one-hot) and invariant rows (whose
 coupling is invariant.py's Gumbel choice, not this rule) always propose at tau = 1.
 Knows nothing of models, drafters or the engine.
@@ -28,6 +29,7 @@ import torch
 
 TAUS = (1.0, 0.7, 0.5, 0.35, 0.2, 0.0)  # the grid of `--draft-temperature auto`: q first, the argmax last
 MEMORY = 256  # verified positions of a row after which an old one weighs 1/e
+Z = 3.0  # standard errors a tau's gain over q must clear before a row proposes with it (5 taus compared)
 
 
 def sharpen(
@@ -58,8 +60,10 @@ def acceptance_grid(
 
 class ProposalTemperature:
     """The proposal temperature of each row of a batch: fixed, or chosen from `taus` by the row's
-    running mean acceptance of each (`observe`), the first of the grid (q) on ties and before any
-    observation. `fixed=None` is `--draft-temperature auto`."""
+    acceptance of each at its verified positions (`observe`). The choice is a lower confidence
+    bound on the paired gain over the grid's first tau (q): mean(a_tau - a_q) - Z * its standard
+    error, so that a few positions' noise never moves a row off q, and a real gain does within
+    tens of positions. `fixed=None` is `--draft-temperature auto`."""
 
     def __init__(self, fixed: float | None = None, taus: tuple[float, ...] = TAUS, memory: int = MEMORY):
         if fixed is not None and not (isinstance(fixed, (int, float)) and 0.0 <= fixed <= 1.0):
@@ -67,28 +71,37 @@ class ProposalTemperature:
         if memory < 1 or not taus:
             raise ValueError("ProposalTemperature needs a grid of taus and a memory >= 1")
         self.fixed, self.taus, self.decay = fixed, tuple(taus) if fixed is None else (float(fixed),), 1.0 - 1.0 / memory
-        self.sums = torch.zeros(0, len(self.taus), dtype=torch.float64)  # [B, G] decayed sums of acceptance
-        self.counts = torch.zeros(0, dtype=torch.float64)  # [B] decayed count of verified positions
+        self.start(0)
 
     @property
     def auto(self) -> bool:
         return self.fixed is None
 
     def start(self, batch: int) -> None:
-        self.sums = torch.zeros(batch, len(self.taus), dtype=torch.float64)
-        self.counts = torch.zeros(batch, dtype=torch.float64)
+        self.sums = torch.zeros(batch, len(self.taus), dtype=torch.float64)  # [B, G] decayed sums of acceptance
+        self.squares = torch.zeros(batch, len(self.taus), dtype=torch.float64)  # [B, G] ... of (a_tau - a_q)^2
+        self.counts = torch.zeros(batch, dtype=torch.float64)  # [B] decayed count of verified positions
+        self.left = torch.zeros(1 + len(self.taus), dtype=torch.float64)  # rows that left: [count, sums...] (reports)
 
     def keep_rows(self, rows: list[int]) -> None:
-        self.sums, self.counts = self.sums[rows], self.counts[rows]
+        gone = torch.ones(len(self.counts), dtype=torch.bool)
+        gone[rows] = False
+        self.left += torch.cat([self.counts[gone].sum()[None], self.sums[gone].sum(dim=0)])
+        self.sums, self.squares, self.counts = self.sums[rows], self.squares[rows], self.counts[rows]
 
     def add_rows(self, count: int) -> None:
         """New rows start with no observation (their choice reads only their own positions)."""
         self.sums = torch.cat([self.sums, self.sums.new_zeros(count, len(self.taus))])
+        self.squares = torch.cat([self.squares, self.squares.new_zeros(count, len(self.taus))])
         self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
 
     def chosen(self) -> torch.Tensor:
-        """Each row's tau now: [B] float32."""
-        best = (self.sums / self.counts.clamp_min(1.0)[:, None]).argmax(dim=-1)  # first of the grid on ties
+        """Each row's tau now: [B] float32 (q, the first of the grid, until another's bound is above it)."""
+        n = self.counts.clamp_min(1.0)[:, None]  # [B, 1]
+        gain = (self.sums - self.sums[:, :1]) / n  # [B, G] mean of a_tau - a_q
+        spread = (self.squares / n - gain**2).clamp_min(0.0)  # [B, G] its variance per position
+        bound = gain - Z * (spread / n).sqrt()
+        best = torch.where(bound > 0, bound, 0.0).argmax(dim=-1)  # the first of the grid on ties: q
         return torch.tensor(self.taus, dtype=torch.float32)[best]
 
     def estimates(self) -> torch.Tensor:
@@ -103,15 +116,18 @@ class ProposalTemperature:
         weight = verified.to(torch.float64)  # [B, k]
         count = weight.sum(dim=1)  # [B]
         decay = self.decay**count  # [B]: each verified position ages the older ones by one
-        self.sums = self.sums * decay[:, None] + (grid.to(torch.float64) * weight[..., None]).sum(dim=1)
+        grid = grid.to(torch.float64)
+        self.sums = self.sums * decay[:, None] + (grid * weight[..., None]).sum(dim=1)
+        self.squares = self.squares * decay[:, None] + ((grid - grid[..., :1]) ** 2 * weight[..., None]).sum(dim=1)
         self.counts = self.counts * decay + count
 
     def summary(self) -> dict:
-        """The batch's choice and estimates, pooled over rows (for reports): {"tau": ..., "acceptance": {tau: mean}}."""
-        counts = self.counts.sum()
+        """The batch's choice and estimates since `start`, pooled over its rows, those that left included
+        (for reports): {"tau": ..., "acceptance": {tau: mean}}."""
+        counts = self.counts.sum() + self.left[0]
         if self.fixed is not None or counts == 0:
             return {"tau": self.taus[0] if self.fixed is None else self.fixed, "acceptance": {}}
-        means = (self.sums.sum(dim=0) / counts).tolist()
+        means = ((self.sums.sum(dim=0) + self.left[1:]) / counts).tolist()
         return {
             "tau": self.taus[max(range(len(means)), key=means.__getitem__)],
             "acceptance": dict(zip(self.taus, means)),

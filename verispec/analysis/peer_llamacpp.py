@@ -207,7 +207,7 @@ def run_llamacpp_peer_bench(
             policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, (ModelDrafter, CombinedDrafter)) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
-            stats, proposals = SpecStats(), _record_proposal(drafter)
+            stats, proposal = SpecStats(), _proposal(drafter)
             params = dataclasses.replace(sampling, seed=seed)
             tokens = generate_all(target, [prompts[i]], params, drafter, k=policy, stats=stats)[0]
             return {
@@ -217,7 +217,7 @@ def run_llamacpp_peer_bench(
                 "stats": stats,
                 "inside": sum(m.forward_compute_s for m in models) - inside_before,
                 "target": target.forward_compute_s - target_before,
-                "proposal": proposals[-1] if proposals else None,
+                "proposal": proposal.summary() if proposal is not None else None,
             }
 
         return run
@@ -336,21 +336,6 @@ def _proposal(drafter):
     """The drafter's proposal temperature (`proposal.ProposalTemperature`), where it has one; the model
     drafter's of a combined draft."""
     return getattr(drafter, "proposal", None) or getattr(getattr(drafter, "drafter", None), "proposal", None)
-
-
-def _record_proposal(drafter) -> list[dict]:
-    """The summaries of the drafter's proposal temperature taken as rows leave (the engine drops a
-    finished row's state, so a summary read after the run would have none): the last is the run's."""
-    proposal, seen = _proposal(drafter), []
-    if proposal is not None:
-        keep_rows = proposal.keep_rows
-
-        def recorded(rows: list[int]) -> None:
-            seen.append(proposal.summary())
-            keep_rows(rows)
-
-        proposal.keep_rows = recorded
-    return seen
 
 
 def _program(directory: str | Path) -> Path:
