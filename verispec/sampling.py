@@ -33,7 +33,10 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     logits = logits / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        top = logits.topk(params.top_k, dim=-1)  # [..., K], most likely first
+        kth = top.values[..., -1:]  # [..., 1]
+        if logits.device.type == "cpu" and not bool(((logits >= kth).sum(dim=-1) > params.top_k).any()):
+            return _within_top_k(logits, top.values, top.indices, params)  # no tie at the k-th: the same, on K
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
@@ -43,6 +46,25 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         probs = probs * keep
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _within_top_k(
+    logits: torch.Tensor,  # [..., V] scaled by the temperature
+    values: torch.Tensor,  # [..., K] the K largest, descending
+    indices: torch.Tensor,  # [..., K] their ids
+    params: SamplingParams,
+) -> torch.Tensor:
+    """process_logits after top-k when exactly K tokens are kept: softmax, top-p and min-p on the K
+    (already in descending order: no sort over the vocabulary), scattered back to [..., V]."""
+    probs = torch.softmax(values, dim=-1)  # [..., K]
+    if params.top_p < 1.0:
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+        probs = probs * (mass_before < params.top_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if params.min_p > 0.0:
+        probs = probs * (probs >= params.min_p * probs[..., :1])
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(logits).scatter_(-1, indices, probs)
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

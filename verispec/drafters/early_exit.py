@@ -89,6 +89,7 @@ class EarlyExitDrafter(ModelDrafter):
         self.cache = SharedLayersCache(target_cache, self.num_layers)
         self.pending = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.model.device)  # [B, 1]
         self.pending_count = [1] * len(prompts)
+        self.proposal.start(len(prompts))
 
     @property
     def can_change_rows(self) -> bool:
@@ -101,6 +102,7 @@ class EarlyExitDrafter(ModelDrafter):
         self.cache.follow(self.target_cache)
         self.pending = self.pending.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.pending.device))
         self.pending_count = [1] * len(rows)
+        self.proposal.keep_rows(rows)
 
     def reserve_row(self):
         return (
@@ -115,6 +117,7 @@ class EarlyExitDrafter(ModelDrafter):
         last = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=self.pending.device)
         self.pending = torch.cat([self.pending, last])
         self.pending_count = [1] * self.pending.shape[0]
+        self.proposal.add_rows(len(prompts))
 
     @property
     def joined_unread(self) -> int:
