@@ -223,7 +223,7 @@ class CompiledStep:
     def _observe(self, k: int, made: int) -> None:
         """The proposal's estimates take the grid at this call's verified positions of the active rows."""
         rows, size = len(self.active), len(self.grid_taus)
-        grid = self.grid[: rows * k * size].reshape(rows, k, size)[:, :made]  # [B, made, G] (a view: read at once)
+        grid = self.grid[: rows * k * size].reshape(rows, k, size)[:, :made].copy()  # [B, made, G], the next call's own
         # proposal.verified_positions, of the active rows: positions 0..n_b
         verified = (np.arange(made)[None, :] <= self.num_accepted[:, None]) & self.active[:, None].astype(bool)
         self.proposal.observe(torch.from_numpy(grid), torch.from_numpy(verified))  # [B, made, G], [B, made]
