@@ -259,8 +259,10 @@ def test_greedy_output_equals_plain_greedy_on_llama_cpp(target, gguf, made, plai
 
 
 # The compiled step (llamacpp/step.py, llamacpp/llama_step.c) runs the rule itself at a
-# temperature with no top-k, top-p or min-p: the same test, on that setting, through it.
+# temperature, with top-k, top-p and min-p, the draft proposing from q sharpened by its proposal
+# temperature: the same test, on those settings, through it.
 TEMPERATURE_ONLY = dict(temperature=0.8)
+TRUNCATED = dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -268,21 +270,36 @@ def exact_llamacpp_temperature_only(gguf):
     return _exact_joint(gguf["target"], SamplingParams(**TEMPERATURE_ONLY))
 
 
+@pytest.fixture(scope="module")
+def exact_llamacpp_truncated(gguf):
+    return _exact_joint(gguf["target"], SamplingParams(**TRUNCATED))
+
+
 COMPILED_CHUNK = (
     LLAMACPP_CHUNK  # rows per call (the compiled step takes B * (k + 1) <= max(512, 9B) positions in one batch)
 )
 
 
-def _compiled_counts(gguf, threshold: float | None, temperature: float, seed: int, n: int, monkeypatch):
-    """Joint counts through the compiled step, which must be the one running every chunk."""
+def _compiled_counts(
+    gguf, threshold: float | None, setting: dict, seed: int, n: int, monkeypatch, tau=None, tell_q: bool = False
+):
+    """Joint counts through the compiled step, which must be the one running every chunk; the draft
+    proposes from q sharpened by `tau` (None: auto); tell_q: the rule is told q instead (inexact)."""
     from verispec.llamacpp import CompiledStep
 
     made, maybe = [], CompiledStep.maybe
-    monkeypatch.setattr(CompiledStep, "maybe", classmethod(lambda cls, *args: made.append(maybe(*args)) or made[-1]))
+
+    def offer(cls, *args):
+        made.append(maybe(*args))
+        if made[-1] is not None and tell_q:
+            made[-1].tell_q()
+        return made[-1]
+
+    monkeypatch.setattr(CompiledStep, "maybe", classmethod(offer))
     counts, stats = np.zeros(VOCAB**TOKENS, dtype=np.int64), SpecStats()
     for chunk, start in enumerate(range(0, n, COMPILED_CHUNK)):
-        params = SamplingParams(temperature=temperature, seed=seed * 1000 + chunk, max_new_tokens=TOKENS)
-        drafter = None if threshold is None else ModelDrafter(gguf["draft"], threshold)  # None: plain decoding
+        params = SamplingParams(**setting, seed=seed * 1000 + chunk, max_new_tokens=TOKENS)
+        drafter = None if threshold is None else ModelDrafter(gguf["draft"], threshold, tau)  # None: plain decoding
         part, part_stats = joint_counts(gguf["target"], drafter, params, n=min(COMPILED_CHUNK, n - start))
         counts += part
         for request in part_stats.requests:
@@ -296,7 +313,7 @@ def test_joint_distribution_is_exact_through_the_compiled_step(
     gguf, exact_llamacpp_temperature_only, threshold, monkeypatch
 ):
     counts, stats = _compiled_counts(
-        gguf, threshold, TEMPERATURE_ONLY["temperature"], 500 + int(10 * (threshold or 2)), N, monkeypatch
+        gguf, threshold, TEMPERATURE_ONLY, 500 + int(10 * (threshold or 2)), N, monkeypatch
     )
     assert_distributed_as(
         counts,
@@ -310,8 +327,28 @@ def test_joint_distribution_is_exact_through_the_compiled_step(
 def test_negative_control_the_compiled_step_at_the_wrong_temperature(
     gguf, exact_llamacpp_temperature_only, monkeypatch
 ):
-    counts, _ = _compiled_counts(gguf, 0.0, 1.2, 9500, 10_000, monkeypatch)  # exact is for 0.8
+    counts, _ = _compiled_counts(gguf, 0.0, dict(temperature=1.2), 9500, 10_000, monkeypatch)  # exact is for 0.8
     assert not is_distributed_as(counts, exact_llamacpp_temperature_only, are_counts=True)
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.0, None])  # None: --draft-temperature auto, chosen per row as it goes
+def test_joint_distribution_is_exact_through_the_compiled_step_truncated_and_sharpened(
+    gguf, exact_llamacpp_truncated, tau, monkeypatch
+):
+    counts, stats = _compiled_counts(
+        gguf, 0.0, TRUNCATED, 600 + int(10 * (tau if tau is not None else 2)), N, monkeypatch, tau
+    )
+    assert_distributed_as(
+        counts, exact_llamacpp_truncated, are_counts=True, label=f"compiled step {TRUNCATED} tau={tau}"
+    )
+    assert 0 < stats.accepted < stats.proposed, stats.summary()
+
+
+def test_negative_control_the_compiled_rule_told_q_where_the_proposals_came_from_q_sharpened(
+    gguf, exact_llamacpp_truncated, monkeypatch
+):
+    counts, _ = _compiled_counts(gguf, 0.0, TRUNCATED, 9600, 10_000, monkeypatch, 0.0, tell_q=True)
+    assert not is_distributed_as(counts, exact_llamacpp_truncated, are_counts=True)
 
 
 def test_negative_control_llama_cpp_target_against_the_pytorch_distribution(gguf, exact_llamacpp):

@@ -5,22 +5,28 @@ rollbacks) is the reference: with the built-in pair on llama.cpp the compiled st
 the same tokens and record the same acceptance, position by position, at every draft length,
 with a confidence stop, with k = 0 steps between drafting ones (pending tokens pile up), with a
 prompt longer than one llama.cpp batch, and with rows that stop at different steps. Where it
-cannot be built (no compiler) or is switched off, the Python path runs and says why.
+cannot be built (no compiler) or is switched off, the Python path runs and says why. At T > 0
+(the rule itself: test_compiled_rule.py; exactness: test_exactness.py) a row's tokens depend only
+on its own stream, and at llama.cpp's default truncation the step feeds the draft's proposal
+temperature the acceptance of every tau at the positions it verified.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from verispec.config import SamplingParams
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
+from verispec.llamacpp import compiled as llamacpp_compiled
 from verispec.llamacpp import step as llamacpp_step
 from verispec.models.gguf_convert import cached_gguf
 from verispec.pair import DRAFT_DIR, TARGET_DIR
+from verispec.proposal import TAUS
 from verispec.sampling import RowSampling
 from verispec.stats import SpecStats
 
@@ -134,8 +140,8 @@ def test_rows_that_stop_at_different_steps_give_each_row_its_own_greedy_tokens(p
 
 
 def _fresh_load(monkeypatch, tmp_path):
-    monkeypatch.setattr(llamacpp_step, "_status", "not loaded")
-    monkeypatch.setattr(llamacpp_step, "_library", None)
+    monkeypatch.setattr(llamacpp_compiled, "_status", "not loaded")
+    monkeypatch.setattr(llamacpp_compiled, "_library", None)
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
 
 
@@ -191,3 +197,43 @@ def test_at_a_temperature_each_row_draws_from_its_own_stream(pair, monkeypatch):
     used.clear()
     generate_all(target, prompts[:2], [mine, replace(mine, temperature=0.5)], ModelDrafter(draft), 4)
     assert used == [None]
+
+
+def test_at_llama_cpp_default_truncation_the_step_runs_and_feeds_the_proposal_temperature(pair, monkeypatch):
+    """At T = 1, top-k 40, top-p 0.95, min-p 0.05 the compiled step runs; with --draft-temperature auto
+    (ModelDrafter's default) each call hands the draft's proposal temperature the grid at the verified
+    positions of the active rows, in which the column of each row's tau is the beta the step reports
+    (sum min(p, q') of what it drew from), and the choice leaves tau = 1 for some row."""
+    target, draft, prompts = pair
+    params = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=3, max_new_tokens=40)
+    steps, calls = [], []
+    maybe, run = llamacpp_step.CompiledStep.maybe, llamacpp_step.CompiledStep.run
+    monkeypatch.setattr(
+        llamacpp_step.CompiledStep, "maybe", classmethod(lambda cls, *args: steps.append(maybe(*args)) or steps[-1])
+    )
+
+    def recorded(self, k, *args):
+        taus, observed, observe = self.proposal.chosen().numpy(), [], self.proposal.observe
+        self.proposal.observe = lambda grid, verified: observed.append((grid, verified)) or observe(grid, verified)
+        try:
+            result = run(self, k, *args)
+        finally:
+            del self.proposal.observe
+        calls.append((taus, result[2], result[3], observed))
+        return result
+
+    monkeypatch.setattr(llamacpp_step.CompiledStep, "run", recorded)
+    generate_all(target, prompts, params, ModelDrafter(draft), 4)
+    assert steps and all(steps)
+    grid_taus = np.asarray(TAUS, np.float32)
+    checked = 0
+    for taus, beta, made, observed in calls:
+        assert len(observed) == (made > 0)
+        for grid, verified in observed:
+            for b, row in enumerate(beta):
+                if verified[b].any():
+                    column = int(np.argmin(abs(grid_taus - taus[b])))
+                    assert int(verified[b].sum()) == len(row)
+                    assert np.allclose(grid[b, : len(row), column].numpy(), row, atol=1e-5)
+                    checked += 1
+    assert checked > 10 and any((taus < 1).any() for taus, *_ in calls)

@@ -22,10 +22,11 @@ finished rows in place and takes no new ones.
 
 Optional, for a target that runs whole iterations itself (llamacpp/step.py's compiled step): a
 drafter whose proposals are exactly its own draft model's (the argmax at temperature 0, a draw
-from q = the processed logits otherwise) offers `own_model()`, that model with its cache and
-pending tokens (`OwnModel`), or None. A target's compiled step reads it once, at the start of a
-batch, and from then on runs propose and commit itself: the drafter's own state is not kept
-up to date after.
+from q = the processed logits, sharpened by its proposal temperature, otherwise) offers
+`own_model()`, that model with its cache, pending tokens and proposal temperature (`OwnModel`),
+or None. A target's compiled step reads it once, at the start of a batch, and from then on runs
+propose and commit itself: the drafter's own state is not kept up to date after, but for the
+proposal temperature's estimates, which the compiled step feeds.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class OwnModel:
     pending: torch.Tensor  # [B, P] long: row b's first pending_count[b] tokens are committed, unread by the model
     pending_count: list[int]  # [B]
     confidence_threshold: float  # drafting stops once every running row's top q is below it (0: off)
+    proposal: object | None = None  # proposal.ProposalTemperature: each row's proposal temperature (None: q)
 
 
 @runtime_checkable

@@ -80,7 +80,9 @@ class ModelDrafter:
         commits may be its own (early exit reads the target's cache)."""
         if type(self) is not ModelDrafter or self.cache is None:
             return None
-        return OwnModel(self.model, self.cache, self.pending, list(self.pending_count), self.confidence_threshold)
+        return OwnModel(
+            self.model, self.cache, self.pending, list(self.pending_count), self.confidence_threshold, self.proposal
+        )
 
     @property
     def can_change_rows(self) -> bool:

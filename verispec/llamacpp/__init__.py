@@ -2,18 +2,20 @@
 
 One concern per module: lib (loading the library, the CPU probe, the exact-kernels setting),
 context (a llama.cpp context, its cache and batches, the placeholder rules), model
-(`LlamaCppModel`), tokenizer (`GGUFTokenizer`), step (the compiled iteration, llama_step.c
-beside it), quantize (llama.cpp's quantizer) and deviation (how much a position's logits depend
-on the pass). Importing this package does not load llama.cpp: `unavailable()` says whether it
-can run here. Knows nothing of sampling or speculation but the compiled step's mirror of them.
+(`LlamaCppModel`), tokenizer (`GGUFTokenizer`), step (the compiled iteration), compiled
+(llama_step.c beside it, built and loaded), quantize (llama.cpp's quantizer) and deviation
+(how much a position's logits depend on the pass). Importing this package does not load
+llama.cpp: `unavailable()` says whether it can run here. Knows nothing of sampling or
+speculation but the compiled step's mirror of them.
 """
 
+from .compiled import compiled_process, compiled_rule, step_status
 from .context import MAX_SEQUENCES, LlamaCppCache
 from .deviation import Deviation, pass_shape_deviation, startup_deviation
 from .lib import default_threads, exact_kernels, set_exact_kernels, system_info, unavailable
 from .model import GGUFConfig, LlamaCppModel
 from .quantize import QUANT_TYPES, quant_type, quantize
-from .step import CompiledStep, compiled_rule, step_status
+from .step import CompiledStep
 from .tokenizer import Encoding, GGUFTokenizer
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "quant_type",
     "quantize",
     "CompiledStep",
+    "compiled_process",
     "compiled_rule",
     "step_status",
     "Encoding",

@@ -1,7 +1,7 @@
 /* One speculative iteration on two llama.cpp contexts, in one call from Python.
  *
- * The iteration of verispec's engine with a ModelDrafter (engine.py, step.py, rejection.py and
- * sampling.py are the reference; llamacpp/step.py loads this file):
+ * The iteration of verispec's engine with a ModelDrafter (engine.py, step.py, rejection.py,
+ * sampling.py and proposal.py are the reference; llamacpp/step.py loads this file):
  * the draft reads its pending tokens and proposes up to k tokens, stopping early once every
  * row's top draft probability is below p_min; the target scores [pending, x_1..x_k] in one
  * llama_decode; the accept-reject rule keeps a prefix of each row and adds the recovered or
@@ -9,13 +9,20 @@
  * sequence b in both contexts; rows with active[b] == 0 take no part.
  *
  * temperature == 0: proposals are the draft's argmax and a proposal is accepted while it is
- * the target's argmax (rejection.verify_greedy). temperature > 0 (no other filter):
- * q = softmax(draft logits / T), p = softmax(target logits / T), x_i ~ q_i, accepted while
- * u_i q_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q_i, 0)
- * (p_i where that has no mass), after k acceptances from p_{k+1} (rejection.verify). Draws
- * are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as sampling.sample
- * with one generator per row: a row's numbers never depend on the other rows. The rule itself is
- * `verispec_rule`, exported so that a test runs it beside rejection.verify_batch on the same logits and numbers.
+ * the target's argmax (rejection.verify_greedy). temperature > 0: q and p are the draft's and the
+ * target's logits processed as sampling.process_logits does (`process`: temperature, top-k,
+ * softmax, top-p, min-p); row b proposes x_i ~ q'_i = sharpen(q_i, tau_b) (proposal.py: q^(1/tau)
+ * renormalised on q's support; tau 1: q, tau 0: q's argmax), and x_i is accepted while
+ * u_i q'_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q'_i, 0) (p_i
+ * where that has no mass), after k acceptances from p_{k+1} (rejection.verify). With a grid of
+ * taus (`--draft-temperature auto`) the rule also writes sum min(p_i, q'_tau,i) for every tau of
+ * the grid at each verified position (proposal.acceptance_grid), from which Python picks tau_b.
+ * Draws are inverse-transform in double from row b's own splitmix64 stream (rng[b]), as
+ * sampling.sample with one generator per row: a row's numbers never depend on the other rows.
+ * The numbers a row uses in one call, in turn: one per proposal with tau_b > 0 (none at tau_b = 0:
+ * the argmax is not random), then one per test of positions 0..n, then one for the recovered or
+ * bonus token. The rule itself is `verispec_rule`, exported (with `verispec_process`) so that a
+ * test runs it beside rejection.verify_batch on the same logits and numbers.
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
  * ids: an inactive row between two active ones gets placeholder tokens (removed after the pass),
@@ -24,8 +31,8 @@
  * position SPLIT_KV_FROM on with invariant == 1 (flash attention's split of one query's cells).
  * A position's logits then come from the same kernels whatever the pass holds (context.py, `Context.decode`, does the same).
  *
- * Compiled with -ffast-math (the reductions and expf vectorize only with reassociation; logits
- * are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
+ * Compiled with -ffast-math (the reductions, expf and logf vectorize only with reassociation;
+ * logits are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
  *
  * Why C: after the target's pass (which streams its weights through the caches) Python and
  * torch run cold; the steps between two passes cost about 1 ms from Python, tens of
@@ -34,11 +41,57 @@
 #include <llama.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define TOO_MANY_TOKENS (-1) /* a batch would exceed its capacity: nothing was changed */
 #define SPLIT_KV_FROM 240   /* as context.py's SPLIT_KV_FROM */
+
+/* sampling.process_logits's settings at temperature > 0 (config.SamplingParams). */
+struct verispec_sampling {
+    float temperature;
+    int32_t top_k; /* 0 or >= V: off */
+    float top_p;   /* 1: off */
+    float min_p;   /* 0: off */
+};
+
+/* The tokens a processed distribution may give mass to: ids[0..n) increasing, or ids == NULL: all n = V. */
+struct support {
+    const int32_t *ids;
+    int32_t n;
+};
+
+static inline int32_t token_at(struct support s, int32_t j) { return s.ids ? s.ids[j] : j; }
+
+/* A grid of proposal temperatures (proposal.TAUS, `--draft-temperature auto`); size 0: none. */
+struct grid {
+    const float *taus;
+    int32_t size;
+};
+
+/* One draft position's proposal: x was drawn from q' = sharpen(q, tau), q the processed draft distribution
+ * (dense [V]); top is q's argmax; norms[0] the sum of q'_tau's unnormalised weights, norms[1 + g] that of
+ * grid tau g (1 where tau is 0 or 1). */
+struct proposal {
+    const float *q;
+    float tau;
+    int32_t top;
+    const float *norms;
+};
+
+/* Scratch of one call (llamacpp/step.py allocates [4 V] floats and [3 V + 2] int32): p, and three arrays in
+ * support order; the support's ids and top-p's sort keys. */
+struct work {
+    float *probs, *aligned, *residual, *logs;
+    int32_t *ids;
+    uint64_t *keys; /* [V] */
+};
+
+static struct work work_of(float *scratch, int32_t *index, int32_t vocab) {
+    uint64_t *keys = (uint64_t *)(index + ((vocab + 1) & ~1)); /* 8-byte aligned */
+    return (struct work){scratch, scratch + vocab, scratch + 2 * (size_t)vocab, scratch + 3 * (size_t)vocab, index, keys};
+}
 
 static double now(void) {
     struct timespec t;
@@ -89,8 +142,8 @@ static int32_t argmax(const float *x, int32_t n, float *top) {
     return index;
 }
 
-/* probs[n] = softmax(x / temperature); returns the largest probability. */
-static float softmax(const float *x, int32_t n, float temperature, float *probs) {
+/* probs[n] = softmax(x / temperature). */
+static void softmax(const float *x, int32_t n, float temperature, float *probs) {
     const float best = maximum(x, n), scale = 1.0f / temperature;
     float sum = 0.0f;
     for (int32_t i = 0; i < n; i++) {
@@ -99,24 +152,257 @@ static float softmax(const float *x, int32_t n, float temperature, float *probs)
     }
     const float norm = 1.0f / sum;
     for (int32_t i = 0; i < n; i++) probs[i] *= norm;
-    return norm; /* exp(0) / sum */
 }
 
-/* One draw in proportion to weights[n] (nonnegative, positive total) with u in [0, 1): the first token
- * whose running sum (double) exceeds u * total; the last token of positive weight if rounding leaves
- * none. A token of weight 0 is never drawn. */
-static int32_t draw(const float *weights, int32_t n, double u) {
+static void renormalise(float *probs, struct support kept) {
+    float sum = 0.0f;
+    for (int32_t j = 0; j < kept.n; j++) sum += probs[token_at(kept, j)];
+    const float norm = 1.0f / sum;
+    for (int32_t j = 0; j < kept.n; j++) probs[token_at(kept, j)] *= norm;
+}
+
+static void sift_down(float *heap, int32_t n, int32_t i) {
+    for (int32_t child; (child = 2 * i + 1) < n; i = child) {
+        if (child + 1 < n && heap[child + 1] < heap[child]) child++;
+        if (heap[i] <= heap[child]) return;
+        const float swap = heap[i];
+        heap[i] = heap[child];
+        heap[child] = swap;
+    }
+}
+
+/* The k-th largest of x[n] counting repeats (torch.topk(x, k).values[-1]), 0 < k < n, in one pass over x: a
+ * min-heap of the k largest so far in heap[k]; a block of 16 whose largest is not above the heap's root is skipped. */
+static float kth_largest(const float *x, int32_t n, int32_t k, float *heap) {
+    memcpy(heap, x, (size_t)k * sizeof *heap);
+    for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
+    int32_t i = k;
+    for (; i + 16 <= n; i += 16) {
+        float block = x[i];
+        for (int32_t j = 1; j < 16; j++) block = x[i + j] > block ? x[i + j] : block;
+        if (block <= heap[0]) continue;
+        for (int32_t j = i; j < i + 16; j++)
+            if (x[j] > heap[0]) heap[0] = x[j], sift_down(heap, k, 0);
+    }
+    for (; i < n; i++)
+        if (x[i] > heap[0]) heap[0] = x[i], sift_down(heap, k, 0);
+    return heap[0];
+}
+
+/* Top-k then softmax: the tokens whose logit is at least the k-th largest (ties kept), in id order into ids;
+ * probs = softmax(x / temperature) over them, 0 elsewhere. */
+static struct support top_k(const float *x, int32_t vocab, int32_t k, float temperature, float *probs, int32_t *ids) {
+    const float kth = kth_largest(x, vocab, k, probs), best = maximum(probs, k); /* probs holds the heap for now */
+    memset(probs, 0, (size_t)vocab * sizeof *probs);
+    int32_t n = 0, t = 0;
+    for (; t + 16 <= vocab; t += 16) { /* blocks of 16 wholly below the k-th value skipped */
+        float block = x[t];
+        for (int32_t j = 1; j < 16; j++) block = x[t + j] > block ? x[t + j] : block;
+        if (block < kth) continue;
+        for (int32_t j = t; j < t + 16; j++)
+            if (x[j] >= kth) ids[n++] = j;
+    }
+    for (; t < vocab; t++)
+        if (x[t] >= kth) ids[n++] = t;
+    const float scale = 1.0f / temperature;
+    for (int32_t j = 0; j < n; j++) probs[ids[j]] = expf((x[ids[j]] - best) * scale);
+    struct support kept = {ids, n};
+    renormalise(probs, kept);
+    return kept;
+}
+
+static int compare_keys(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* sampling._top_p on the kept tokens (listed): sorted by probability, descending, a token is kept while the mass
+ * of those before it (cumsum in double, as torch's, minus its own, in float) is below `mass` (top_p); the rest
+ * get 0 and the kept ones are renormalised. Sorts only the kept tokens. Equal probabilities go by id (torch's
+ * sort leaves their order open: at a tie across the boundary the two paths may keep different tokens). */
+static struct support top_p(float *probs, struct support kept, float mass, uint64_t *keys, int32_t *ids) {
+    for (int32_t j = 0; j < kept.n; j++) {
+        uint32_t bits;
+        memcpy(&bits, &probs[kept.ids[j]], sizeof bits); /* a nonnegative float's order is its bits' */
+        keys[j] = (uint64_t)(~bits) << 32 | (uint32_t)kept.ids[j];
+    }
+    qsort(keys, kept.n, sizeof *keys, compare_keys);
+    double running = 0.0;
+    for (int32_t j = 0; j < kept.n; j++) {
+        const int32_t t = (int32_t)(uint32_t)keys[j];
+        running += probs[t];
+        if (!((float)running - probs[t] < mass)) probs[t] = 0.0f;
+    }
+    int32_t n = 0;
+    for (int32_t j = 0; j < kept.n; j++)
+        if (probs[kept.ids[j]] > 0.0f) ids[n++] = kept.ids[j];
+    struct support left = {ids, n};
+    renormalise(probs, left);
+    return left;
+}
+
+/* Min-p on the kept tokens: those with probs >= fraction * max stay (listed into ids), the rest get 0; renormalised. */
+static struct support min_p(float *probs, struct support kept, float fraction, int32_t *ids) {
+    float best = 0.0f;
+    for (int32_t j = 0; j < kept.n; j++) best = probs[token_at(kept, j)] > best ? probs[token_at(kept, j)] : best;
+    const float floor = fraction * best;
+    int32_t n = 0;
+    for (int32_t j = 0; j < kept.n; j++) {
+        const int32_t t = token_at(kept, j);
+        if (probs[t] >= floor) ids[n++] = t;
+        else probs[t] = 0.0f;
+    }
+    struct support left = {ids, n};
+    renormalise(probs, left);
+    return left;
+}
+
+/* probs [V] = sampling.process_logits(x, s) at temperature > 0, 0 outside the returned support: temperature,
+ * top-k (ties at the k-th value kept), softmax, top-p, min-p, each renormalising. With top-k the vocabulary is
+ * read in one pass (kth_largest) and only the kept tokens are sorted (top-p); min-p alone needs no sort; top-p
+ * without top-k sorts the whole vocabulary (llamacpp/step.py leaves that setting to the Python path). */
+static struct support process(const float *x, int32_t vocab, const struct verispec_sampling *s, struct work *w,
+                              float *probs) {
+    struct support kept = {0, vocab};
+    if (s->top_k > 0 && s->top_k < vocab)
+        kept = top_k(x, vocab, s->top_k, s->temperature, probs, w->ids);
+    else
+        softmax(x, vocab, s->temperature, probs);
+    if (s->top_p < 1.0f) {
+        if (!kept.ids)
+            for (int32_t t = 0; t < vocab; t++) w->ids[t] = t;
+        kept = top_p(probs, (struct support){w->ids, kept.n}, s->top_p, w->keys, w->ids);
+    }
+    if (s->min_p > 0.0f) kept = min_p(probs, kept, s->min_p, w->ids);
+    return kept;
+}
+
+/* dense[t] for the support's tokens, in support order: dense itself where the support is every token, else copied. */
+static const float *on_support(const float *dense, struct support s, float *into) {
+    if (!s.ids) return dense;
+    for (int32_t j = 0; j < s.n; j++) into[j] = dense[s.ids[j]];
+    return into;
+}
+
+/* One draw in proportion to weights[j] (in support order; nonnegative, positive total) with u in [0, 1): the
+ * token of the first j whose running sum (double) exceeds u * total; the last of positive weight if rounding
+ * leaves none (sampling.sample). A token of weight 0 is never drawn. */
+static int32_t draw(const float *weights, struct support s, double u) {
     double total = 0.0, running = 0.0;
-    for (int32_t i = 0; i < n; i++) total += weights[i];
+    for (int32_t j = 0; j < s.n; j++) total += weights[j];
     const double point = u * total;
     int32_t last = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (weights[i] <= 0.0f) continue;
-        running += weights[i];
-        last = i;
-        if (running > point) return i;
+    for (int32_t j = 0; j < s.n; j++) {
+        if (weights[j] <= 0.0f) continue;
+        running += weights[j];
+        last = j;
+        if (running > point) break;
     }
-    return last;
+    return token_at(s, last);
+}
+
+/* q's argmax over its support, the lowest id on ties. */
+static int32_t top_of(const float *q, struct support s) {
+    int32_t top = token_at(s, 0);
+    for (int32_t j = 1; j < s.n; j++)
+        if (q[token_at(s, j)] > q[top]) top = token_at(s, j);
+    return top;
+}
+
+/* logs[j] = log(q_t / q_top) for the support's tokens t: sharpen(q, tau) is proportional to exp(logs / tau) there
+ * (proposal.sharpen's exp((log q - log max q) / tau)); NO_MASS where q_t = 0: below any float's log ratio (>= -104),
+ * its exp is 0 for every tau <= 1 and stays finite when divided by the smallest tau. */
+#define NO_MASS (-1e4f)
+static void log_ratios(const float *q, int32_t top, struct support s, float *logs) {
+    const float scale = 1.0f / q[top];
+    for (int32_t j = 0; j < s.n; j++) {
+        const float qt = q[token_at(s, j)];
+        logs[j] = qt > 0.0f ? logf(qt * scale) : NO_MASS;
+    }
+}
+
+/* 1 / tau, tau at least 1e-6 (as proposal.sharpen clamps it). */
+static float inverse_of(float tau) { return 1.0f / (tau > 1e-6f ? tau : 1e-6f); }
+
+/* sum_j exp(logs[j] / tau), 0 < tau < 1: the normaliser of sharpen(q, tau); w[j] = the terms if w. */
+static float sharpened(const float *logs, int32_t n, float tau, float *w) {
+    const float inverse = inverse_of(tau);
+    float sum = 0.0f;
+    if (!w)
+        for (int32_t j = 0; j < n; j++) sum += expf(logs[j] * inverse);
+    else
+        for (int32_t j = 0; j < n; j++) sum += w[j] = expf(logs[j] * inverse);
+    return sum;
+}
+
+/* The record of a proposal from sharpen(q, tau), q over `kept`: returns q's argmax; norms[1 + g] for each tau of
+ * the grid, norms[0] for tau (1 where tau is 0 or 1); w then holds tau's unnormalised weights in support order
+ * where 0 < tau < 1. logs: [V] scratch. */
+static int32_t describe(const float *q, struct support kept, float tau, struct grid grid, float *norms, float *w,
+                        float *logs) {
+    const int32_t top = top_of(q, kept);
+    if (grid.size || (tau > 0.0f && tau < 1.0f)) log_ratios(q, top, kept, logs);
+    for (int32_t g = 0; g < grid.size; g++)
+        norms[1 + g] = grid.taus[g] > 0.0f && grid.taus[g] < 1.0f ? sharpened(logs, kept.n, grid.taus[g], 0) : 1.0f;
+    norms[0] = tau > 0.0f && tau < 1.0f ? sharpened(logs, kept.n, tau, w) : 1.0f;
+    return top;
+}
+
+/* out[j] = sharpen(q, tau) at the support's tokens: q itself at tau 1, one-hot at q's argmax at tau 0, else
+ * exp(logs[j] / tau) / norm (logs: log_ratios on the same support). */
+static void sharp_on(const float *q, int32_t top, float tau, float norm, struct support s, const float *logs,
+                     float *out) {
+    if (tau >= 1.0f) {
+        for (int32_t j = 0; j < s.n; j++) out[j] = q[token_at(s, j)];
+    } else if (tau <= 0.0f) {
+        for (int32_t j = 0; j < s.n; j++) out[j] = token_at(s, j) == top ? 1.0f : 0.0f;
+    } else {
+        const float inverse = inverse_of(tau), unit = 1.0f / norm;
+        for (int32_t j = 0; j < s.n; j++) out[j] = expf(logs[j] * inverse) * unit;
+    }
+}
+
+/* q'(x) of a proposal at one token x: sharp_on at x alone. */
+static float declared_at(const struct proposal *d, int32_t x) {
+    float logs[1], out[1];
+    const struct support one = {&x, 1};
+    log_ratios(d->q, d->top, one, logs);
+    sharp_on(d->q, d->top, d->tau, d->norms[0], one, logs, out);
+    return out[0];
+}
+
+/* sum_j min(p_t, q[j]) in double, t the support's j-th token: 1 - TV(p, q) where both live on the support. */
+static double overlap(const float *p, struct support s, const float *q) {
+    double sum = 0.0;
+    for (int32_t j = 0; j < s.n; j++) {
+        const float pt = p[token_at(s, j)];
+        sum += pt < q[j] ? pt : q[j];
+    }
+    return sum;
+}
+
+/* One proposal of a row: q = process(the draft's logits) into q (dense, the row's slot), its record, and a token
+ * drawn from sharpen(q, tau): from q'_tau with one number of rng, or q's argmax at tau 0 (no number). *top_prob:
+ * q's largest probability (the confidence stop's). */
+static int32_t propose(const float *logits, int32_t vocab, const struct verispec_sampling *s, float tau,
+                       struct grid grid, struct work *w, uint64_t *rng, float *q, int32_t *top, float *norms,
+                       float *top_prob) {
+    const struct support kept = process(logits, vocab, s, w, q);
+    *top = describe(q, kept, tau, grid, norms, w->aligned, w->logs);
+    *top_prob = q[*top];
+    if (tau <= 0.0f) return *top;
+    const float *weights = tau >= 1.0f ? on_support(q, kept, w->aligned) : w->aligned;
+    return draw(weights, kept, uniform(rng));
+}
+
+/* sum_t min(p_t, q'_tau,t) for every tau of the grid (proposal.acceptance_grid at one position), over p's
+ * support; logs: log_ratios of the proposal's q on that support; out: [V] scratch. */
+static void acceptance_grid(const float *p, struct support kept, const struct proposal *d, struct grid grid,
+                            const float *logs, float *scratch, double *out) {
+    for (int32_t g = 0; g < grid.size; g++) {
+        sharp_on(d->q, d->top, grid.taus[g], d->norms[1 + g], kept, logs, scratch);
+        out[g] = overlap(p, kept, scratch);
+    }
 }
 
 static int32_t decode(struct llama_context *ctx, llama_batch *batch, double *seconds) {
@@ -131,53 +417,122 @@ static int32_t decode(struct llama_context *ctx, llama_batch *batch, double *sec
  * draw), else the row's next number (the step: the tests of positions 0..n in turn, then the draw). */
 static double number(const double *given, int32_t role, uint64_t *rng) { return given ? given[role] : uniform(rng); }
 
-/* The accept-reject rule for one row (rejection.verify_batch on one row; exported for the tests that
- * compare the two). logits[i] is the target's raw logits row [vocab] for position i (0..drafted),
- * proposals[i] the draft's token x_i.
+/* One row's rule: the target's raw logits rows [drafted + 1][V] for [pending, x_1..x_drafted], its proposals
+ * and what they were drawn from; the outcome: output [drafted + 1], beta [drafted], grid [drafted, G] (or NULL). */
+struct row {
+    const float *const *logits;
+    const int32_t *proposals;
+    const struct proposal *drawn; /* [drafted] (temperature > 0) */
+    int32_t drafted;
+    uint64_t *rng;
+    const double *given; /* the rule's numbers by role, or NULL: from rng */
+    int32_t *output;
+    double *beta, *grid;
+};
+
+/* The accept-reject rule for one row (rejection.verify_batch on one row).
  * temperature == 0: accepted while x_i is the target's argmax; the argmax follows (rejection.verify_greedy);
  * beta_i = 1 where accepted, 0 at the first rejection (q one-hot at x_i, p one-hot at the argmax).
- * temperature > 0: p_i = softmax(logits[i] / T), q_i = draft_probs[i * vocab ..]; x_i is accepted while
- * u_i q_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q_i, 0) (p_i where that
- * has no mass), after all from p_drafted (rejection.verify); beta_i = sum min(p_i, q_i). scratch holds
- * 2 * vocab floats. Random numbers: `number` (rng advances by those drawn; none at temperature 0).
- * Writes output[0..n] (the accepted proposals, then the recovered or bonus token) and beta[0..min(n, drafted - 1)]
- * (the verified positions); returns n, the number accepted. */
-int32_t verispec_rule(const float *const *logits, const int32_t *proposals, const float *draft_probs, int32_t drafted,
-                      int32_t vocab, float temperature, float *scratch, uint64_t *rng, const double *given,
-                      int32_t *output, double *beta) {
-    if (temperature <= 0.0f) {
+ * temperature > 0: p_i = process(logits[i]), q'_i = what x_i was drawn from; x_i is accepted while
+ * u_i q'_i(x_i) < p_i(x_i); at the first rejection a token is drawn from max(p_i - q'_i, 0) (p_i where that
+ * has no mass), after all from p_drafted (rejection.verify); beta_i = sum min(p_i, q'_i), and grid[i] the
+ * same for every tau of the grid. Loops run over p_i's support. Random numbers: `number` (rng advances by
+ * those drawn; none at temperature 0). Writes output[0..n] (the accepted proposals, then the recovered or
+ * bonus token), beta and grid at the verified positions 0..min(n, drafted - 1); returns n, the number accepted. */
+static int32_t rule(const struct row *r, int32_t vocab, const struct verispec_sampling *s, struct grid grid,
+                    struct work *w) {
+    const int32_t drafted = r->drafted;
+    if (s->temperature <= 0.0f) {
         int32_t n = 0;
         for (;; n++) {
-            output[n] = argmax(logits[n], vocab, 0);
-            if (n == drafted || output[n] != proposals[n]) break;
-            beta[n] = 1.0;
+            r->output[n] = argmax(r->logits[n], vocab, 0);
+            if (n == drafted || r->output[n] != r->proposals[n]) break;
+            r->beta[n] = 1.0;
         }
-        if (n < drafted) beta[n] = 0.0;
+        if (n < drafted) r->beta[n] = 0.0;
         return n;
     }
-    float *p = scratch, *residual = scratch + vocab;
+    const float *p = w->probs;
     for (int32_t i = 0; i < drafted; i++) {
-        softmax(logits[i], vocab, temperature, p);
-        const float *qi = draft_probs + (size_t)i * vocab;
-        double overlap = 0.0;
-        for (int32_t t = 0; t < vocab; t++) overlap += p[t] < qi[t] ? p[t] : qi[t];
-        beta[i] = overlap;
-        const int32_t x = proposals[i];
-        if (number(given, i, rng) * qi[x] < (double)p[x]) { /* u < p/q, compared in double without dividing */
-            output[i] = x;
+        const struct support kept = process(r->logits[i], vocab, s, w, w->probs);
+        const struct proposal *d = &r->drawn[i];
+        float *q = w->aligned, *residual = w->residual; /* q'_i and max(p_i - q'_i, 0) in support order */
+        if (r->grid || (d->tau > 0.0f && d->tau < 1.0f)) log_ratios(d->q, d->top, kept, w->logs);
+        sharp_on(d->q, d->top, d->tau, d->norms[0], kept, w->logs, q);
+        r->beta[i] = overlap(p, kept, q);
+        if (r->grid) acceptance_grid(p, kept, d, grid, w->logs, residual, r->grid + (size_t)i * grid.size);
+        const int32_t x = r->proposals[i];
+        if (number(r->given, i, r->rng) * declared_at(d, x) < (double)p[x]) { /* u < p/q, in double without dividing */
+            r->output[i] = x;
             continue;
         }
         float mass = 0.0f;
-        for (int32_t t = 0; t < vocab; t++) {
-            residual[t] = p[t] > qi[t] ? p[t] - qi[t] : 0.0f;
-            mass += residual[t];
+        for (int32_t j = 0; j < kept.n; j++) {
+            const float pt = p[token_at(kept, j)];
+            residual[j] = pt > q[j] ? pt - q[j] : 0.0f;
+            mass += residual[j];
         }
-        output[i] = draw(mass > 0.0f ? residual : p, vocab, number(given, drafted, rng)); /* the recovered token */
+        const float *weights = mass > 0.0f ? residual : on_support(p, kept, residual);
+        r->output[i] = draw(weights, kept, number(r->given, drafted, r->rng)); /* the recovered token */
         return i;
     }
-    softmax(logits[drafted], vocab, temperature, p);
-    output[drafted] = draw(p, vocab, number(given, drafted, rng)); /* the bonus token */
+    const struct support kept = process(r->logits[drafted], vocab, s, w, w->probs);
+    r->output[drafted] = draw(on_support(p, kept, w->residual), kept, number(r->given, drafted, r->rng)); /* bonus */
     return drafted;
+}
+
+/* verispec_rule's argument (llamacpp/step.py mirrors it): one row's rule on given logits, for the tests. */
+struct verispec_rule_args {
+    const float *const *logits;   /* [drafted + 1] the target's raw logits rows [vocab] */
+    const int32_t *proposals;     /* [drafted] */
+    const float *draft_probs;     /* [drafted, vocab] q, processed, not sharpened (temperature > 0) */
+    int32_t drafted, vocab;
+    struct verispec_sampling sampling;
+    float tau;                    /* the proposals were drawn from sharpen(q, tau) */
+    const float *grid_taus;       /* [grid_size] */
+    int32_t grid_size;            /* 0: no grid */
+    float *scratch;               /* [4 vocab] */
+    int32_t *index;               /* [3 vocab + 2] */
+    uint64_t *rng;                /* the row's splitmix64 state */
+    const double *given;          /* [drafted + 1] the numbers by role, or NULL: from rng */
+    int32_t *output;              /* [drafted + 1] out */
+    double *beta;                 /* [drafted] out */
+    double *grid;                 /* [drafted, grid_size] out, or NULL */
+};
+
+/* The rule the step runs, on one row given its logits, proposals and q (exported for the tests that compare it
+ * with rejection.verify_batch): each proposal's record is made from q (its support: where q > 0) as the draft
+ * makes it. Returns n, the number accepted; see `rule`. */
+int32_t verispec_rule(const struct verispec_rule_args *a) {
+    const int32_t drafted = a->drafted, vocab = a->vocab, size = a->grid_size;
+    const struct grid grid = {a->grid_taus, size};
+    struct work w = work_of(a->scratch, a->index, vocab);
+    struct proposal drawn[drafted + 1];
+    float norms[(drafted + 1) * (1 + size)];
+    for (int32_t i = 0; a->sampling.temperature > 0.0f && i < drafted; i++) {
+        const float *q = a->draft_probs + (size_t)i * vocab;
+        int32_t n = 0;
+        for (int32_t t = 0; t < vocab; t++)
+            if (q[t] > 0.0f) w.ids[n++] = t;
+        float *mine = norms + i * (1 + size);
+        const int32_t top = describe(q, (struct support){w.ids, n}, a->tau, grid, mine, w.aligned, w.logs);
+        drawn[i] = (struct proposal){q, a->tau, top, mine};
+    }
+    const struct row r = {a->logits, a->proposals, drawn, drafted, a->rng, a->given, a->output, a->beta, a->grid};
+    return rule(&r, vocab, &a->sampling, size ? grid : (struct grid){0, 0}, &w);
+}
+
+/* probs [vocab] = sampling.process_logits(logits) at temperature > 0 (`process`), exported for the tests; the
+ * support's ids into index[0..n) (index: [3 vocab + 2]); returns n. */
+int32_t verispec_process(const float *logits, int32_t vocab, const struct verispec_sampling *s, float *probs,
+                         int32_t *index) {
+    struct work w = work_of(probs, index, vocab); /* (only probs, ids and keys are used) */
+    const struct support kept = process(logits, vocab, s, &w, probs);
+    if (!kept.ids)
+        for (int32_t t = 0; t < vocab; t++) index[t] = t;
+    else if (kept.ids != index)
+        memmove(index, kept.ids, (size_t)kept.n * sizeof *index);
+    return kept.n;
 }
 
 /* verispec_step's argument: the two contexts, their batches, and the arrays both sides read and write
@@ -194,11 +549,11 @@ struct verispec_step_args {
     const uint8_t *active;        /* [rows] 0: the row takes no part (it finished) */
     int32_t k;                    /* proposals wanted this step (0: a plain step) */
     float p_min;                  /* the confidence threshold: drafting stops once every row's top q is below it */
-    float temperature;            /* 0: greedy; > 0: softmax(logits / T), no other filter */
+    float temperature;            /* 0: greedy; > 0: sampled, p and q processed with top_k, top_p, min_p */
     uint64_t *rng;                /* [rows] each row's splitmix64 state (streams.RowStreams: key + drawn * gamma) */
-    float *draft_probs;           /* [rows, k, V] q of every proposal (temperature > 0) */
-    float *scratch;               /* [2 * V] p and the residual of one position (temperature > 0) */
-    double *beta;                 /* [rows, k] out: sum min(p, q) at each verified position */
+    float *draft_probs;           /* [rows, k, V] q (processed, not sharpened) of every proposal (temperature > 0) */
+    float *scratch;               /* [4 V] floats of one position (struct work; temperature > 0) */
+    double *beta;                 /* [rows, k] out: sum min(p, q') at each verified position, q' what x was drawn from */
     int32_t *draft_pending;       /* [rows, width] in/out: tokens the draft has not read */
     int32_t width;                /* columns of draft_pending */
     int32_t *draft_count;         /* [rows] in/out: how many of them */
@@ -210,7 +565,25 @@ struct verispec_step_args {
     int32_t *num_accepted;        /* [rows] out */
     double *seconds;              /* [2] grow by the time inside the draft's and the target's llama_decode */
     int32_t invariant;            /* 0: ordinary passes; 1, 2: shape-invariant passes (placeholders; see above) */
+    int32_t top_k;                /* sampling.process_logits's filters (temperature > 0): 0 off */
+    float top_p;                  /* 1: off */
+    float min_p;                  /* 0: off */
+    const float *taus;            /* [rows] each row's proposal temperature (proposal.py), or NULL: 1 (q itself) */
+    const float *grid_taus;       /* [grid_size] the grid whose acceptance the rule measures */
+    int32_t grid_size;            /* 0: none (a fixed tau) */
+    double *grid;                 /* [rows, k, grid_size] out: sum min(p, q'_tau) at each verified position */
+    int32_t *draft_top;           /* [rows, k] q's argmax at every proposal (temperature > 0) */
+    float *draft_norms;           /* [rows, k, 1 + grid_size] the proposals' normalisers (struct proposal) */
+    int32_t *index;               /* [3 V + 2] int32 scratch (struct work; temperature > 0) */
+    int32_t tell_q;               /* 1: the rule is told q whatever tau drew the proposal: inexact, the tests' negative control */
 };
+
+/* Row b's proposals for position i, drawn by verispec_step: the pointers into its arrays. */
+static struct proposal drawn_at(const struct verispec_step_args *a, int32_t b, int32_t i, int32_t vocab) {
+    const size_t at = (size_t)b * a->k + i;
+    const float tau = a->tell_q ? 1.0f : a->taus ? a->taus[b] : 1.0f;
+    return (struct proposal){a->draft_probs + at * vocab, tau, a->draft_top[at], a->draft_norms + at * (1 + a->grid_size)};
+}
 
 /* One iteration. Returns the number of proposals made (0..k; 0 when k == 0: a plain step),
  * TOO_MANY_TOKENS (nothing was changed), or -1000 - llama_decode's status (the caches are then in
@@ -224,7 +597,6 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     const uint8_t *active = a->active;
     const float p_min = a->p_min, temperature = a->temperature;
     uint64_t *rng = a->rng;
-    float *draft_probs = a->draft_probs;
     int32_t *draft_pending = a->draft_pending, *draft_count = a->draft_count, *draft_length = a->draft_length;
     int32_t *target_pending = a->target_pending, *target_length = a->target_length;
     int32_t *proposals = a->proposals, *output = a->output, *num_accepted = a->num_accepted;
@@ -234,6 +606,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
     const int sampled = temperature > 0.0f;
+    const struct verispec_sampling sampling = {temperature, a->top_k, a->top_p, a->min_p};
+    const struct grid grid = {a->grid_taus, a->grid ? a->grid_size : 0};
+    struct work w = sampled ? work_of(a->scratch, a->index, vocab) : (struct work){0};
     int32_t drafted = k, live = 0, first = 0, status, lo = -1, hi = -1;
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b]) continue;
@@ -269,9 +644,10 @@ int32_t verispec_step(const struct verispec_step_args *a) {
             index += i == 0 ? draft_count[b] : 1;
             const float *logits = llama_get_logits_ith(draft, index);
             if (sampled) {
-                float *q = draft_probs + ((size_t)b * k + i) * draft_vocab;
-                top = softmax(logits, draft_vocab, temperature, q);
-                proposals[b * k + i] = draw(q, draft_vocab, uniform(rng + b));
+                const size_t at = (size_t)b * k + i;
+                proposals[at] = propose(logits, draft_vocab, &sampling, a->taus ? a->taus[b] : 1.0f, grid, &w, rng + b,
+                                        a->draft_probs + at * draft_vocab, a->draft_top + at,
+                                        a->draft_norms + at * (1 + grid.size), &top);
             } else {
                 proposals[b * k + i] = argmax(logits, draft_vocab, p_min > 0 ? &top : 0);
             }
@@ -310,9 +686,11 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         }
         const float *logits[drafted + 1]; /* the target's rows for [pending, x_1..x_drafted] */
         for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
-        const float *q = sampled ? draft_probs + (size_t)b * k * vocab : 0;
-        const int32_t n = verispec_rule(logits, proposals + b * k, q, drafted, vocab,
-                                        temperature, a->scratch, rng + b, 0, output + b * (k + 1), a->beta + b * k);
+        struct proposal drawn[drafted + 1];
+        for (int32_t i = 0; sampled && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
+        const struct row r = {logits, proposals + b * k, drawn, drafted, rng + b, 0, output + b * (k + 1),
+                              a->beta + b * k, grid.size ? a->grid + (size_t)b * k * grid.size : 0};
+        const int32_t n = rule(&r, vocab, &sampling, grid, &w);
         const int32_t token = output[b * (k + 1) + n];
         num_accepted[b] = n;
         target_length[b] += 1 + n;

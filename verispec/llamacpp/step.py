@@ -1,84 +1,36 @@
 """The speculative iteration on a llama.cpp target and a llama.cpp draft, in one compiled call.
 
 Owns `CompiledStep` (the state of one `generate` call: both models' pending tokens and
-lengths as arrays the compiled step reads and writes), `step_status()` (whether the compiled
-step is in use here, or why not) and `compiled_rule` (the C rule alone, on given logits, for the
-tests that compare it with `rejection.verify_batch`). llama_step.c, beside this file, does what
-the engine's Python path (step.PythonStep) does with a `ModelDrafter`: propose, score, the
-accept-reject rule, both rollbacks, in C against llama.cpp's C API: between two target passes
-Python runs cold (the pass streams the weights through the caches), and the dozen Python and
-torch steps of an iteration cost about 1 ms there. At temperature 0 it is `greedy_continuation`,
-`forward_argmax` and `rejection.verify_greedy`; at T > 0 without top-k, top-p or min-p it is
-`rejection.verify` on softmax(logits / T), with its own random stream. The Python path stays
-the reference: tests compare the two token for token at T = 0, the rule alone on random inputs
-at T > 0, and the exactness suite runs the compiled step at T > 0.
-
-The library is compiled on first use (a C compiler and llama-cpp-python's installed
-`llama.h`; under a second) into a directory keyed by the source's hash, llama.cpp's version,
-the flags and this CPU's, beside the kernels. Where that fails, or `VERISPEC_LLAMA_STEP=0`,
-the engine uses its Python path and `step_status()` says why. Knows nothing of drafters but the
-`DraftSource` protocol below, nor of text.
+lengths as arrays the compiled step reads and writes). llama_step.c (built and loaded by
+compiled.py) does what the engine's Python path (step.PythonStep) does with a `ModelDrafter`:
+propose, score, the accept-reject rule, both rollbacks, in C against llama.cpp's C API: between
+two target passes Python runs cold (the pass streams the weights through the caches), and the
+dozen Python and torch steps of an iteration cost about 1 ms there. At temperature 0 it is
+`greedy_continuation`, `forward_argmax` and `rejection.verify_greedy`; at T > 0 it is
+`rejection.verify` on p and q processed as `sampling.process_logits` does (top-k, top-p, min-p
+included), the draft proposing from q sharpened by each row's proposal temperature (proposal.py),
+with its own random stream. The Python path stays the reference: tests compare the two token for
+token at T = 0, the rule alone on random inputs at T > 0, and the exactness suite runs the
+compiled step at T > 0. Knows nothing of drafters but the `DraftSource` protocol below, nor of text.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from ..models.kernels import cache_root
+from .compiled import StepArgs, load, step_status
 from .context import LlamaCppCache
-from .lib import cpu_flags, library, log_tail
+from .lib import library, log_tail
 
-_SOURCE = Path(__file__).resolve().parent / "llama_step.c"
-# compile only: linking with -ffast-math would set flush-to-zero process-wide
-_CFLAGS = ["-O3", "-march=native", "-ffast-math"]
+__all__ = ["CompiledStep", "DraftModel", "DraftSource", "step_status"]
+
 _TOO_MANY_TOKENS = -1
-_library = None
-_status = "not loaded"
-
-_p = ctypes.c_void_p
-
-
-class _StepArgs(ctypes.Structure):
-    """`struct verispec_step_args` of llama_step.c, field by field in the same order."""
-
-    _fields_ = [
-        ("draft", _p),  # the draft's llama_context, or NULL: plain decoding (k = 0 only)
-        ("draft_batch", _p),  # the draft's llama_batch of `capacity` tokens (NULL without a draft)
-        ("target", _p),  # the target's llama_context
-        ("target_batch", _p),  # the target's llama_batch of `capacity` tokens
-        ("capacity", ctypes.c_int32),  # tokens one batch holds
-        ("rows", ctypes.c_int32),  # rows of the batch; row b is llama.cpp sequence b in both contexts
-        ("active", _p),  # uint8 [rows]: 0 where the row finished (it takes no part)
-        ("k", ctypes.c_int32),  # proposals wanted this step (0: a plain step); set before each call
-        ("p_min", ctypes.c_float),  # the draft's confidence threshold (0: off)
-        ("temperature", ctypes.c_float),  # 0: greedy; > 0: softmax(logits / T), no other filter
-        ("rng", _p),  # uint64 [rows]: each row's splitmix64 state
-        ("draft_probs", _p),  # float32 [rows, k, V]: q of every proposal (T > 0)
-        ("scratch", _p),  # float32 [2 V]: p and the residual of one position (T > 0)
-        ("beta", _p),  # float64 [rows, k] out: sum min(p, q) at each verified position
-        ("draft_pending", _p),  # int32 [rows, width] in/out: committed tokens the draft has not read
-        ("width", ctypes.c_int32),  # columns of draft_pending
-        ("draft_count", _p),  # int32 [rows] in/out: how many of them
-        ("draft_length", _p),  # int32 [rows] in/out: the draft cache's lengths
-        ("target_pending", _p),  # int32 [rows] in/out: the token the target reads next
-        ("target_length", _p),  # int32 [rows] in/out: the target cache's lengths
-        ("proposals", _p),  # int32 [rows, k] out: the draft's tokens
-        ("output", _p),  # int32 [rows, k + 1] out: the committed tokens
-        ("num_accepted", _p),  # int32 [rows] out
-        ("seconds", _p),  # float64 [2]: grow by the seconds inside the draft's and the target's llama_decode
-        ("invariant", ctypes.c_int32),  # 0: ordinary passes; 1: placeholders; 2: and after every one-token pass
-    ]
 
 
 class DraftModel(Protocol):
@@ -89,6 +41,7 @@ class DraftModel(Protocol):
     pending: torch.Tensor  # [B, P] long: row b's first pending_count[b] tokens are committed, unread by the draft
     pending_count: list[int]
     confidence_threshold: float  # stop drafting once every row's top q is below it (0: off)
+    proposal: Any  # proposal.ProposalTemperature: each row's proposal temperature (None: q itself)
 
 
 class DraftSource(Protocol):
@@ -97,132 +50,6 @@ class DraftSource(Protocol):
     Read once, at the start; from then on the step owns that state."""
 
     def own_model(self) -> DraftModel | None: ...
-
-
-def _headers() -> Path | None:
-    import llama_cpp
-
-    package = Path(llama_cpp.__file__).resolve().parent
-    for folder in (package.parent / "include", package / "include"):  # where the wheel puts llama.h
-        if (folder / "llama.h").is_file():
-            return folder
-    return None
-
-
-def _build() -> Path:
-    """The compiled library's path, compiled first where the cache does not hold it."""
-    import llama_cpp
-
-    include, compiler = _headers(), shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
-    if include is None or compiler is None:
-        raise RuntimeError("no llama.h beside llama-cpp-python" if include is None else "no C compiler (cc)")
-    flags = " ".join(sorted(cpu_flags() or ())).encode()  # built for this CPU (-march=native)
-    key = hashlib.sha256(
-        b"\0".join(
-            [
-                _SOURCE.read_bytes(),
-                (include / "llama.h").read_bytes(),
-                llama_cpp.__version__.encode(),
-                " ".join(_CFLAGS).encode(),
-                flags,
-            ]
-        )
-    ).hexdigest()[:16]
-    target = cache_root() / f"llama_step-{key}" / "llama_step.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    for command in (
-        [compiler, *_CFLAGS, "-fPIC", "-c", f"-I{include}", str(_SOURCE), "-o", f"{partial}.o"],  # fast math here,
-        [
-            compiler,
-            "-shared",
-            f"{partial}.o",
-            f"-L{lib_dir}",
-            "-lllama",
-            f"-Wl,-rpath,{lib_dir}",
-            "-lm",
-            "-o",
-            str(partial),
-        ],
-    ):  # not here
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"the compiler failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}")
-    Path(f"{partial}.o").unlink()
-    os.replace(partial, target)  # atomic: another process never loads half a library
-    return target
-
-
-def _load():
-    """The compiled library (ctypes, its two functions typed), built on first use; None where it cannot be."""
-    global _library, _status
-    if _status != "not loaded":
-        return _library
-    if os.environ.get("VERISPEC_LLAMA_STEP", "1") == "0":
-        _status = "disabled by VERISPEC_LLAMA_STEP=0"
-        return None
-    try:
-        target = _build()
-        library()  # llama.cpp's library loaded first: ours links to the same one
-        loaded = ctypes.CDLL(str(target))
-        loaded.verispec_step.restype = ctypes.c_int32
-        loaded.verispec_step.argtypes = [ctypes.POINTER(_StepArgs)]
-        loaded.verispec_rule.restype = ctypes.c_int32
-        loaded.verispec_rule.argtypes = [_p, _p, _p, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, _p, _p, _p, _p, _p]
-        _library, _status = loaded, f"compiled step loaded ({target.parent})"
-    except Exception as error:  # no compiler, no header, ...: the engine's Python path; said once
-        _status = f"compiled step unavailable ({type(error).__name__}: {str(error)[:200]})"
-        print(f"verispec: {_status}; using the Python path", file=sys.stderr, flush=True)
-    return _library
-
-
-def step_status() -> str:
-    _load()
-    return _status
-
-
-def compiled_rule(
-    logits: np.ndarray,
-    proposals: np.ndarray,
-    draft_probs: np.ndarray | None,
-    temperature: float,
-    rng: int = 0,
-    uniforms: np.ndarray | None = None,
-) -> tuple[list[int], int, list[float], int]:
-    """llama_step.c's rule on one row: logits [k+1, V] float32 (the target's raw logits), proposals
-    [k], draft_probs [k, V] float32 (q; None at temperature 0). Its random numbers are `uniforms`
-    [k+1] float64 by role (u_i for the test of position i, u_k for the recovered or bonus draw: the
-    roles of `rejection.verify`), or else drawn in turn from a splitmix64 stream in state `rng` (as
-    the compiled step draws them). Returns (output tokens [n+1], n accepted, beta at the verified
-    positions, the stream's state after)."""
-    loaded = _load()
-    if loaded is None:
-        raise RuntimeError(f"the compiled rule is not available: {_status}")
-    logits = np.ascontiguousarray(logits, np.float32)
-    k, vocab = logits.shape[0] - 1, logits.shape[1]
-    rows = (ctypes.c_void_p * (k + 1))(*(logits.ctypes.data + i * logits.strides[0] for i in range(k + 1)))
-    proposals = np.ascontiguousarray(proposals, np.int32)
-    q = None if draft_probs is None else np.ascontiguousarray(draft_probs, np.float32)
-    given = None if uniforms is None else np.ascontiguousarray(uniforms, np.float64)
-    scratch, state = np.zeros(2 * vocab, np.float32), np.array([rng], np.uint64)
-    output, beta = np.full(k + 1, -1, np.int32), np.full(max(k, 1), np.nan)
-    n = loaded.verispec_rule(
-        rows,
-        proposals.ctypes.data,
-        None if q is None else q.ctypes.data,
-        k,
-        vocab,
-        temperature,
-        scratch.ctypes.data,
-        state.ctypes.data,
-        None if given is None else given.ctypes.data,
-        output.ctypes.data,
-        beta.ctypes.data,
-    )
-    return output[: n + 1].tolist(), n, beta[: min(n + 1, k)].tolist(), int(state[0])
 
 
 def _capacity(cache: LlamaCppCache, draft: DraftModel | None) -> int:
@@ -236,14 +63,19 @@ class CompiledStep:
     `maybe(target, cache, drafter, sampling, prompts, k_max)` returns one when it applies (a
     `LlamaCppModel` target; a drafter whose `own_model()` is a llama.cpp model of the same
     vocabulary, or no drafter: plain decoding; every row with the same settings: temperature 0, or
-    rejection sampling at a temperature with no top-k, top-p or min-p; the compiled step loaded;
-    B*(k+1) positions in one llama.cpp batch of both contexts). It keeps the engine's step
+    rejection sampling at a temperature, with any top-k and min-p, and top-p where top-k is on
+    (top-p alone would sort the whole vocabulary at every position: the Python path, whose torch sort
+    is faster, runs it); the compiled step loaded; B*(k+1) positions in one llama.cpp batch of
+    both contexts). It keeps the engine's step
     interface (step.PythonStep's): `run(k, pending, logprobs)` runs one iteration for the active
     rows, `commit` has nothing left to do, and rows that finish are `retire`d: they take no part
     in later steps and their caches stop growing; rows never join (`can_change_rows` is false).
     At T > 0 row b draws from its own splitmix64 stream, started where `RowStreams` starts it (so
     a seed gives the same tokens each run, whatever the other rows; not the Python path's tokens,
-    which draw in another order)."""
+    which draw in another order). Row b proposes from q sharpened by the draft's
+    `proposal.chosen()[b]`, read before each call; with `--draft-temperature auto` each call also
+    hands the proposal the acceptance every tau of its grid would have had at the verified positions
+    (`proposal.observe`), as ModelDrafter.observe_target does on the Python path."""
 
     can_change_rows = False
 
@@ -285,10 +117,17 @@ class CompiledStep:
         vocab = target.vocab_size if sampled else 0
         self.rng = sampling.streams.keys.numpy().view(np.uint64).copy()  # row b's splitmix64 state: its stream's key
         self.draft_probs = np.zeros(batch * k_max * vocab, np.float32)  # q of every proposal (T > 0)
-        self.scratch = np.zeros(2 * vocab, np.float32)
+        self.scratch, self.index = np.zeros(4 * vocab, np.float32), np.zeros(3 * vocab + 2 if vocab else 0, np.int32)
         self.beta = np.zeros(batch * max(k_max, 1), np.float64)
+        self.proposal = draft.proposal if draft is not None and sampled else None  # ProposalTemperature or None
+        self.taus = np.ones(batch, np.float32)  # each row's proposal temperature, set before each call
+        grid = self.proposal.taus if self.proposal is not None and self.proposal.auto else ()
+        self.grid_taus = np.asarray(grid, np.float32)
+        self.grid = np.zeros(batch * k_max * len(grid), np.float64)  # [B, k, G] the counterfactual acceptance
+        self.draft_top = np.zeros(batch * k_max if sampled else 0, np.int32)
+        self.draft_norms = np.zeros(batch * k_max * (1 + len(grid)) if sampled else 0, np.float32)
         context = cache.context
-        self._args = _StepArgs(
+        self._args = StepArgs(
             draft=self.draft_cache.context.ptr if draft is not None else None,
             draft_batch=ctypes.addressof(self._batches[0]),
             target=context.ptr,
@@ -314,6 +153,17 @@ class CompiledStep:
             num_accepted=self.num_accepted.ctypes.data,
             seconds=self.seconds.ctypes.data,
             invariant=0 if not context.invariant else 2 if context.pad_always else 1,
+            top_k=params.top_k if sampled else 0,
+            top_p=params.top_p if sampled else 1.0,
+            min_p=params.min_p if sampled else 0.0,
+            taus=self.taus.ctypes.data if self.proposal is not None else None,
+            grid_taus=self.grid_taus.ctypes.data if len(grid) else None,
+            grid_size=len(grid),
+            grid=self.grid.ctypes.data if len(grid) else None,
+            draft_top=self.draft_top.ctypes.data,
+            draft_norms=self.draft_norms.ctypes.data,
+            index=self.index.ctypes.data,
+            tell_q=0,
         )
 
     @classmethod
@@ -330,10 +180,10 @@ class CompiledStep:
                 return None
             if not params.greedy and draft.model.vocab_size != target.vocab_size:
                 return None
-        filtered = (0 < params.top_k < target.vocab_size) or params.top_p < 1.0 or params.min_p > 0.0
-        if not (params.greedy or (params.sampling == "rejection" and not filtered)):
+        top_p_alone = params.top_p < 1.0 and not 0 < params.top_k < target.vocab_size  # a sort of the vocabulary
+        if not (params.greedy or (params.sampling == "rejection" and not top_p_alone)):
             return None
-        loaded = _load()
+        loaded = load()
         if loaded is None or len(prompts) * (k_max + 1) > _capacity(cache, draft):
             return None
         if cache.seqs != list(range(len(prompts))) or (draft is not None and draft.cache.seqs != cache.seqs):
@@ -345,6 +195,8 @@ class CompiledStep:
         package sits below the engine, so a plain tuple). `pending` and `logprobs` are the Python
         path's: this step keeps its own pending tokens and offers no log-probabilities."""
         started, before = time.perf_counter(), self.seconds.tolist()
+        if self.proposal is not None:
+            self.taus[:] = self.proposal.chosen().numpy()
         made = self._call(k)
         if made == _TOO_MANY_TOKENS and self.draft is not None:  # the draft's pending tokens do not fit in one batch
             self._read_pending()
@@ -364,7 +216,22 @@ class CompiledStep:
         tokens = [row[: n + 1] if live else [] for row, n, live in zip(rows, accepted, self.active)]
         betas = self.beta[: len(accepted) * k].reshape(-1, k).tolist() if k else [[] for _ in accepted]
         beta = [row[: min(n + 1, made)] for row, n in zip(betas, accepted)]  # the verified positions
+        if len(self.grid_taus) and made > 0:
+            self._observe(k, made)
         return tokens, accepted, beta, made, drafted, time.perf_counter() - started - drafted, {}
+
+    def _observe(self, k: int, made: int) -> None:
+        """The proposal's estimates take the grid at this call's verified positions of the active rows."""
+        rows, size = len(self.active), len(self.grid_taus)
+        grid = self.grid[: rows * k * size].reshape(rows, k, size)[:, :made].copy()  # [B, made, G], the next call's own
+        # proposal.verified_positions, of the active rows: positions 0..n_b
+        verified = (np.arange(made)[None, :] <= self.num_accepted[:, None]) & self.active[:, None].astype(bool)
+        self.proposal.observe(torch.from_numpy(grid), torch.from_numpy(verified))  # [B, made, G], [B, made]
+
+    def tell_q(self) -> None:
+        """From now on the rule is told q whatever tau drew the proposals: inexact where tau < 1 (the
+        negative control of the tests that show the exactness suite would see it)."""
+        self._args.tell_q = 1
 
     def commit(self, accepted: list[int], pending: torch.Tensor, live: list[bool]) -> None:
         """Nothing: `run` rolled both caches back and keeps the pending tokens itself."""
