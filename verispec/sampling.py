@@ -69,7 +69,7 @@ def _within_top_k(
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (the top token always)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: the lower id first (as the C step)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly more likely tokens
     keep_sorted = mass_before < top_p
     keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
