@@ -259,3 +259,18 @@ def test_the_real_llama_server_beside_verispec_greedy_gives_the_same_completions
         assert rows[mode]["identical_requests"] == rows[mode]["compared_requests"] == 4, rows[mode]
     assert 0 < rows["llama-server k=3"]["alpha_hat"] <= 1 and rows["plain"]["errors"] == 0
     assert rows["plain"]["prompt_tokens"] == rows["llama-server plain"]["prompt_tokens"]  # the same prompt tokens
+
+
+def test_a_server_that_closes_the_connection_is_an_error_not_a_crash():
+    """A peer that dies mid-request (httpx's RemoteProtocolError) counts as one failed request."""
+    import asyncio
+
+    import httpx
+
+    from verispec.server import loadgen
+
+    class Closing:
+        def stream(self, *args, **kwargs):
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    assert asyncio.run(loadgen._one(Closing(), "http://127.0.0.1:1", {})) is None

@@ -75,14 +75,14 @@ def parse_ngram_types(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_lengths(text: str) -> list[int]:
-    """--peer-ngram-lengths: comma-separated draft lengths, integers >= 1."""
+def parse_lengths(text: str, flag: str = "--peer-ngram-lengths") -> list[int]:
+    """`flag`'s comma-separated draft lengths, integers >= 1, in the order given."""
     try:
         lengths = [int(item) for item in text.split(",")]
     except ValueError:
         lengths = []
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"--peer-ngram-lengths must list integers >= 1, got {text!r}")
+        raise ValueError(f"{flag} must list integers >= 1, got {text!r}")
     return list(dict.fromkeys(lengths))
 
 

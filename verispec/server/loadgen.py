@@ -75,7 +75,17 @@ def draft_counts(payload: dict) -> tuple[int, int] | None:
 
 
 async def _one(client, url: str, body: dict) -> _Completion | None:
-    """One streamed request: its chunks' arrival times, its text, usage and draft counts."""
+    """One streamed request: its chunks' arrival times, its text, usage and draft counts; None for an
+    error (a status other than 200, no tokens, or a server that closed the connection: counted, not raised)."""
+    import httpx
+
+    try:
+        return await _stream(client, url, body)
+    except httpx.TransportError:
+        return None
+
+
+async def _stream(client, url: str, body: dict) -> _Completion | None:
     start = time.perf_counter()
     arrivals: list[float] = []
     tokens = prompt_tokens = drafted = accepted = 0

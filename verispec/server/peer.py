@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.llamacpp_program import parse_lengths
+
 PROGRAM = "llama-server"
 NAME = "llama-server"  # the prefix of its modes' names in the report
 # its sampler, under which a request samples softmax(logits / T) as verispec does: top-k, top-p
@@ -34,13 +36,7 @@ def program(directory: str | Path) -> Path:
 
 def parse_draft_lengths(text: str) -> list[int]:
     """--peer-draft-n: comma-separated --spec-draft-n-max values, integers >= 1, in the order given."""
-    try:
-        lengths = [int(item) for item in text.split(",")]
-    except ValueError:
-        lengths = []
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"--peer-draft-n must list integers >= 1, got {text!r}")
-    return list(dict.fromkeys(lengths))
+    return parse_lengths(text, "--peer-draft-n")
 
 
 def command(
