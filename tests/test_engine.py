@@ -91,6 +91,23 @@ def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k, draft):
     assert stats.accepted_by_position[k - 1] > 0
 
 
+class DeclaresUniform:
+    """Wrong (a negative control): a deterministic drafter's proposals (q one-hot) declared drawn from a uniform q."""
+
+    def __init__(self, drafter, vocab_size: int):
+        self.drafter, self.vocab_size = drafter, vocab_size
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def propose(self, k, sampling):
+        draft_token_ids, _ = self.drafter.propose(k, sampling)
+        return draft_token_ids, torch.full((*draft_token_ids.shape, self.vocab_size), 1.0 / self.vocab_size)
+
+    def commit(self, num_accepted, next_token_ids, active):
+        self.drafter.commit(num_accepted, next_token_ids, active)
+
+
 def _assert_joint_fails(counts, exact):
     """A negative control: the chi-square test must reject, by a wide margin (not a near miss)."""
     statistic, df = chi_square(counts, exact.ravel())

@@ -26,6 +26,7 @@ from test_engine import (
     PROMPTS_1,
     PROMPTS_4,
     T1,
+    DeclaresUniform,
     _assert_joint_fails,
     assert_joint_exact,
     tiny_llama,
@@ -182,22 +183,10 @@ def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k):
     assert stats.accepted_by_position[min(k, JOINT_TOKENS) - 1] > 0  # whole blocks accepted too
 
 
-class UniformDeclaredDrafter(PromptLookupDrafter):
-    """Wrong: proposes the n-gram continuation (q one-hot) but declares q uniform."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-
-    def propose(self, k, sampling):
-        draft_token_ids, _ = super().propose(k, sampling)
-        return draft_token_ids, torch.full((*draft_token_ids.shape, self.vocab_size), 1.0 / self.vocab_size)
-
-
 def test_negative_control_one_hot_proposal_declared_uniform(markov):
     target, _ = markov
     params = SamplingParams(**T1, seed=9, max_new_tokens=JOINT_TOKENS)
-    counts, _ = _joint_counts(target, UniformDeclaredDrafter(target.vocab_size), params, 2, NEGATIVE_N)
+    counts, _ = _joint_counts(target, DeclaresUniform(PromptLookupDrafter(), target.vocab_size), params, 2, NEGATIVE_N)
     _assert_joint_fails(counts, target.continuation_probs(REPEAT_PROMPT, JOINT_TOKENS, params))
 
 

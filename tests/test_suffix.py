@@ -31,11 +31,13 @@ from test_engine import (
     PROMPTS_1,
     PROMPTS_4,
     T1,
+    DeclaresUniform,
     _assert_joint_fails,
     assert_joint_exact,
     tiny_llama,
 )
 from test_engine import _joint_counts as engine_joint_counts
+from test_ngram import TOPK_TOPP
 from test_policy import Scripted
 
 from verispec.config import SamplingParams
@@ -294,7 +296,6 @@ def test_a_servers_calibration_leaves_no_request_in_the_corpus():
 
 # "2 1" recurs, followed by the target's most likely path from it (at T = 0.8, top-k 4, top-p 0.9: 0.46)
 REPEAT_PROMPT = [2, 1, 0, 0, 4, 2, 1]
-TOPK_TOPP = dict(temperature=0.8, top_k=4, top_p=0.9)
 
 
 SUFFIX_JOINT_N = 40_000  # the drafter walks each row in Python: fewer rows than test_engine's JOINT_N
@@ -320,22 +321,12 @@ def test_joint_distribution_of_three_tokens_is_exact(markov, setting, k):
     assert stats.accepted_by_position[min(k, JOINT_TOKENS) - 1] > 0  # whole blocks accepted too
 
 
-class UniformDeclaredDrafter(SuffixDrafter):
-    """Wrong: proposes the suffix continuation (q one-hot) but declares q uniform."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__(match_factor=2.0)
-        self.vocab_size = vocab_size
-
-    def propose(self, k, sampling):
-        draft_token_ids, _ = super().propose(k, sampling)
-        return draft_token_ids, torch.full((*draft_token_ids.shape, self.vocab_size), 1.0 / self.vocab_size)
-
-
 def test_negative_control_one_hot_proposal_declared_uniform(markov):
     target, _ = markov
     params = SamplingParams(**T1, seed=9, max_new_tokens=JOINT_TOKENS)
-    counts, _ = _joint_counts(target, UniformDeclaredDrafter(target.vocab_size), params, 2, NEGATIVE_N)
+    counts, _ = _joint_counts(
+        target, DeclaresUniform(SuffixDrafter(match_factor=2.0), target.vocab_size), params, 2, NEGATIVE_N
+    )
     _assert_joint_fails(counts, target.continuation_probs(REPEAT_PROMPT, JOINT_TOKENS, params))
 
 
