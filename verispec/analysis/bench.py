@@ -52,9 +52,9 @@ RUN_FIELDS = (
 )
 
 
-def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float, SpecStats]:
-    """Run the prompts one by one; return outputs, tokens/s (prefill included) and the stats
-    (`stats.proposal_taus`: a model draft's proposal temperature at the end of each prompt)."""
+def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float, SpecStats, list[float]]:
+    """Run the prompts one by one; return outputs, tokens/s (prefill included), the stats and a model
+    draft's proposal temperature at the end of each prompt."""
     stats = SpecStats()
     outputs, started, taus = [], time.perf_counter(), []
     for prompt in prompts:
@@ -62,8 +62,7 @@ def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float,
         if getattr(drafter, "proposal", None) is not None and not params.greedy:
             taus.append(drafter.proposal.summary()["tau"])
     elapsed = time.perf_counter() - started
-    stats.proposal_taus = taus
-    return outputs, sum(map(len, outputs)) / elapsed, stats
+    return outputs, sum(map(len, outputs)) / elapsed, stats, taus
 
 
 def proposal_tau(taus: list[float]) -> float | None:
@@ -137,16 +136,16 @@ def run_bench(
             base_tps, spec_tps, ratios, identical, stats_all = [], [], [], True, SpecStats()
             prefill_plain, prefill_spec, taus = [], [], []
             for _ in range(repeats):
-                plain, tps_a, plain_stats = _timed(target, prompts, params, None, 0)
+                plain, tps_a, plain_stats, _ = _timed(target, prompts, params, None, 0)
                 policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
-                spec, tps_b, stats = _timed(target, prompts, params, make_drafter(), policy)
+                spec, tps_b, stats, spec_taus = _timed(target, prompts, params, make_drafter(), policy)
                 base_tps.append(tps_a)
                 spec_tps.append(tps_b)
                 ratios.append(tps_b / tps_a)
                 identical = identical and spec == plain
                 prefill_plain.append(plain_stats.prefill_time_s)
                 prefill_spec.append(stats.prefill_time_s)
-                taus += stats.proposal_taus
+                taus += spec_taus
                 for request in stats.requests:
                     stats_all.add(request)
                 bar.update(1)

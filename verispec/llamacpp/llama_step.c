@@ -35,8 +35,7 @@
  * logits are finite) but linked without it, so that no flush-to-zero start-up code enters the process.
  *
  * Why C: after the target's pass (which streams its weights through the caches) Python and
- * torch run cold; the steps between two passes cost about 1 ms from Python, tens of
- * microseconds here.
+ * torch run cold; the steps between two passes cost far more from Python than here.
  */
 #include <llama.h>
 #include <math.h>

@@ -4,8 +4,8 @@ Owns `CompiledStep` (the state of one `generate` call: both models' pending toke
 lengths as arrays the compiled step reads and writes). llama_step.c (built and loaded by
 compiled.py) does what the engine's Python path (step.PythonStep) does with a `ModelDrafter`:
 propose, score, the accept-reject rule, both rollbacks, in C against llama.cpp's C API: between
-two target passes Python runs cold (the pass streams the weights through the caches), and the
-dozen Python and torch steps of an iteration cost about 1 ms there. At temperature 0 it is
+two target passes Python runs cold (the pass streams the weights through the caches), so the
+dozen Python and torch steps of an iteration cost a sizeable share of a pass there. At temperature 0 it is
 `greedy_continuation`, `forward_argmax` and `rejection.verify_greedy`; at T > 0 it is
 `rejection.verify` on p and q processed as `sampling.process_logits` does (top-k, top-p, min-p
 included), the draft proposing from q sharpened by each row's proposal temperature (proposal.py),
