@@ -175,7 +175,7 @@ def test_without_the_compiled_step_the_python_path_runs_and_says_why(monkeypatch
 
 def test_at_a_temperature_each_row_draws_from_its_own_stream(pair, monkeypatch):
     """A seeded row's tokens through the compiled step do not depend on the other row (its prompt,
-    seed or budget); rows with different settings run the Python path (the step takes one setting)."""
+    seed, budget or settings: each row has its own in C; invariant mode alone runs the Python path)."""
     target, draft, prompts = pair
     used = []
     maybe = llamacpp_step.CompiledStep.maybe
@@ -195,7 +195,11 @@ def test_at_a_temperature_each_row_draws_from_its_own_stream(pair, monkeypatch):
         != runs[0]
     )
     used.clear()
-    generate_all(target, prompts[:2], [mine, replace(mine, temperature=0.5)], ModelDrafter(draft), 4)
+    mixed = [mine, replace(mine, temperature=0.5, top_k=20)]
+    assert generate_all(target, [prompts[0], prompts[1]], mixed, ModelDrafter(draft), 4)[0] == runs[0]
+    assert all(used)
+    used.clear()
+    generate_all(target, prompts[:2], [mine, replace(mine, sampling="invariant")], ModelDrafter(draft), 4)
     assert used == [None]
 
 

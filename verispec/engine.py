@@ -99,9 +99,9 @@ class Batch:
     prompt lookup do not). `max_length` bounds every row's prompt + budget + k_max + 1;
     `capacity` the rows at once (default: the first prompts).
 
-    The compiled step (llama.cpp with a llama.cpp draft or none: `compiled=True`, `generate`'s
-    case) runs a batch that never takes a row later; its rows stay in place when they finish
-    (it skips them), as its state is its own.
+    The compiled step (llama.cpp with a llama.cpp draft or none: `compiled=True`, the default)
+    keeps its own per-row state in slots; rows leave and join it as on the Python path, but for
+    settings it cannot run (`CompiledStep.refusal`: invariant mode), which `join` refuses.
     """
 
     @torch.no_grad()
@@ -131,7 +131,7 @@ class Batch:
         if empty:  # no request yet: the caches are made for `capacity` rows, then emptied
             if not isinstance(capacity, int) or capacity < 1 or max_length is None:
                 raise ValueError("a batch without prompts needs capacity >= 1 and max_length")
-            prompts, params, compiled = [[0]] * capacity, SamplingParams(temperature=0, max_new_tokens=1), False
+            prompts, params = [[0]] * capacity, SamplingParams(temperature=0, max_new_tokens=1)
         prompts = _check_prompts(prompts, target.vocab_size)
         device, batch = target.device, len(prompts)
         self.target, self.drafter, self.policy, self.device = target, drafter, policy, device
@@ -197,8 +197,10 @@ class Batch:
         return len(self.ids)
 
     def _keep(self, rows: list[int]) -> None:
-        """Only `rows` (ascending) remain, in every per-row state: target cache first (a drafter
-        may share it), then the drafter, the sampling and the lists."""
+        """Only `rows` (ascending) remain, in every per-row state: the step first (the compiled
+        step's slots), then the target cache (a drafter may share it), the drafter, the sampling
+        and the lists."""
+        self.stepper.keep_rows(rows)
         self.cache.keep_rows(rows)
         if self.drafter is not None:
             self.drafter.keep_rows(rows)
@@ -243,10 +245,8 @@ class Batch:
             raise ValueError("logprobs needs one entry per prompt: None or an integer >= 0")
         prompts, params, ids = _check_prompts(prompts, self.target.vocab_size), list(params), list(ids)
         if not self.can_change_rows:
-            raise RuntimeError(
-                "requests cannot join this batch: it runs on the compiled step (build it with compiled=False), "
-                "or its target's cache or drafter cannot add rows"
-            )
+            raise RuntimeError("requests cannot join this batch: its target's cache or drafter cannot add rows")
+        self._check_runnable(params)
         if len(params) != len(prompts) or len(ids) != len(prompts):
             raise ValueError(
                 f"join needs one SamplingParams and one id per prompt, got {len(prompts)}, {len(params)}, {len(ids)}"
@@ -326,6 +326,7 @@ class Batch:
             )
         if id in self.ids:
             raise ValueError("ids must be distinct from the running requests'")
+        self._check_runnable([params])
         check_context(self.target, [prompt], [params.max_new_tokens])
         if len(prompt) + params.max_new_tokens + self.policy.k_max + 1 > self.max_length:
             raise ValueError(
@@ -337,7 +338,19 @@ class Batch:
         self._staged -= 1
         self._append([prompt], [params], [id], [logprobs])
 
+    def refusal(self, params: SamplingParams) -> str | None:
+        """Why a request with these settings cannot join this batch's step (None: it can): the
+        compiled step does not run invariant mode (VERISPEC_LLAMA_STEP=0 runs the Python step)."""
+        refusal = getattr(self.stepper, "refusal", None)
+        why = refusal(params) if refusal is not None else None
+        return None if why is None else f"{why}; this batch runs the compiled step (VERISPEC_LLAMA_STEP=0: Python)"
+
+    def _check_runnable(self, params: list[SamplingParams]) -> None:
+        for why in filter(None, map(self.refusal, params)):
+            raise ValueError(why)
+
     def _append(self, prompts: list[list[int]], params: list[SamplingParams], ids: list, logprobs: list) -> None:
+        first = len(self.ids)
         self.sampling.add_rows(params)
         self.pending_ids += [p[-1] for p in prompts]
         self.pending = torch.tensor(self.pending_ids, dtype=torch.long, device=self.device)
@@ -345,6 +358,7 @@ class Batch:
         self.logprobs += logprobs
         self.requests += [RequestStats(prompt_tokens=len(p)) for p in prompts]
         self.active += [True] * len(prompts)
+        self.stepper.add_rows(list(range(first, len(self.ids))), [p[-1] for p in prompts])
 
     def cancel(self, ids: Sequence, reason: str = "abort") -> None:
         """End these requests before their budget (a client went away, a stop string): their
@@ -366,9 +380,9 @@ class Batch:
         rows_now = sum(self.active)
         k = cap = min(max(policy.choose(batch=rows_now), 0), policy.k_max)  # cap: a draft may propose fewer
         joined_s = 0.0  # rows joined since the last drafting pass: the draft reads them now (a cost per request)
-        if k > 0 and getattr(drafter, "joined_unread", 0):
+        if k > 0 and drafter is not None and self.stepper.joined_unread:
             started = time.perf_counter()
-            drafter.read_joined()
+            self.stepper.read_joined()
             sync(device)
             joined_s = time.perf_counter() - started
             stats.prefill_time_s += joined_s

@@ -2,12 +2,14 @@
 
 Owns `Iteration` (what one step did: each row's committed tokens, accepted count and beta, the
 proposals verified, the seconds drafting and scoring, the log-probabilities asked for), `Step`
-(what the engine drives: `run`, then `commit` after its bookkeeping, `retire`, `can_change_rows`)
+(what the engine drives: `run`, then `commit` after its bookkeeping; `keep_rows` and `add_rows` as rows
+leave and join, `read_joined`; `retire` where rows cannot leave)
 and `PythonStep`: the drafter proposes k tokens per row, the target scores [pending, proposals]
 in one pass, `rejection.verify_batch` keeps a prefix of each row and adds a recovered or bonus
 token, and `commit` rolls the target's cache and the drafter back to the committed tokens. The
 compiled step (llamacpp/step.py: propose, score, rule and both rollbacks in one C call) keeps the
-same interface; the engine picks one of the two when a batch starts. Knows nothing of requests,
+same interface; the engine picks one of the two when a batch starts. `token_logprobs` is both paths'
+log-probability of each committed token. Knows nothing of requests,
 budgets or text.
 """
 
@@ -54,6 +56,20 @@ class Step(Protocol):
 
     def retire(self, rows: list[int]) -> None:
         """Rows that finished and stay in place (`can_change_rows` false): no part in later steps."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only `rows` stay: called before the caches, the drafter and the sampling drop the others."""
+
+    def add_rows(self, rows: list[int], pending: list[int]) -> None:
+        """Rows that joined, after the caches, the drafter and the sampling took them; pending[i] is
+        row rows[i]'s next token."""
+
+    @property
+    def joined_unread(self) -> int:
+        """Prompt tokens of joined rows that the draft has not read yet."""
+
+    def read_joined(self) -> None:
+        """The draft reads those prompts now (the engine times it: a cost per request)."""
 
 
 def sync(device: torch.device) -> None:
@@ -108,7 +124,7 @@ class PythonStep:
         host = torch.cat([output, num_accepted[:, None], beta.double()], dim=1).tolist()
         accepted = [int(row[k + 1]) for row in host]
         tokens = [[int(t) for t in values[: n + 1]] for values, n in zip(host, accepted)]
-        found = _logprobs(scores, output, logprobs) if logprobs else {}
+        found = token_logprobs(scores, output, logprobs) if logprobs else {}
         betas = [values[k + 2 :] for values in host]
         return Iteration(tokens, accepted, betas, k, drafted - started, scored - drafted, found)
 
@@ -123,8 +139,21 @@ class PythonStep:
     def retire(self, rows: list[int]) -> None:
         """Nothing: a row that is not live is left as it was by `commit`."""
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Nothing: the caches and the drafter hold every per-row state of this path."""
 
-def _logprobs(scores: torch.Tensor, output: torch.Tensor, wanted: dict[int, int]) -> dict[int, LogProbs]:
+    def add_rows(self, rows: list[int], pending: list[int]) -> None:
+        """Nothing: as keep_rows."""
+
+    @property
+    def joined_unread(self) -> int:
+        return getattr(self.drafter, "joined_unread", 0)
+
+    def read_joined(self) -> None:
+        self.drafter.read_joined()
+
+
+def token_logprobs(scores: torch.Tensor, output: torch.Tensor, wanted: dict[int, int]) -> dict[int, LogProbs]:
     """For each row in wanted (row -> top alternatives): (log p(token), {alternative: log p}) at
     every position of output [B, k+1] (-1 past the committed tokens), from the raw logits scores [B, k+1, V]."""
     rows = list(wanted)

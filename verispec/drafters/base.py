@@ -49,6 +49,7 @@ class OwnModel:
     pending_count: list[int]  # [B]
     confidence_threshold: float  # drafting stops once every running row's top q is below it (0: off)
     proposal: object | None = None  # proposal.ProposalTemperature: each row's proposal temperature (None: q)
+    unread: list | None = None  # per row: a joined prompt's body the model has not read (None: nothing)
 
 
 @runtime_checkable

@@ -81,7 +81,13 @@ class ModelDrafter:
         if type(self) is not ModelDrafter or self.cache is None:
             return None
         return OwnModel(
-            self.model, self.cache, self.pending, list(self.pending_count), self.confidence_threshold, self.proposal
+            self.model,
+            self.cache,
+            self.pending,
+            list(self.pending_count),
+            self.confidence_threshold,
+            self.proposal,
+            list(self._unread),
         )
 
     @property

@@ -45,11 +45,11 @@ class StepArgs(ctypes.Structure):
         ("target", _p),  # the target's llama_context
         ("target_batch", _p),  # the target's llama_batch of `capacity` tokens
         ("capacity", ctypes.c_int32),  # tokens one batch holds
-        ("rows", ctypes.c_int32),  # rows of the batch; row b is llama.cpp sequence b in both contexts
+        ("rows", ctypes.c_int32),  # slots of the batch; slot b is llama.cpp sequence b in both contexts
         ("active", _p),  # uint8 [rows]: 0 where the row finished (it takes no part)
         ("k", ctypes.c_int32),  # proposals wanted this step (0: a plain step); set before each call
         ("p_min", ctypes.c_float),  # the draft's confidence threshold (0: off)
-        ("temperature", ctypes.c_float),  # 0: greedy; > 0: sampled, p and q processed with top_k, top_p, min_p
+        ("sampling", _p),  # struct verispec_sampling [rows]: each row's settings (temperature 0: greedy)
         ("rng", _p),  # uint64 [rows]: each row's splitmix64 state
         ("draft_probs", _p),  # float32 [rows, k, V]: q of every proposal, processed, not sharpened (T > 0)
         ("scratch", _p),  # float32 [4 V]: one position's p and three arrays in its support's order (T > 0)
@@ -65,9 +65,6 @@ class StepArgs(ctypes.Structure):
         ("num_accepted", _p),  # int32 [rows] out
         ("seconds", _p),  # float64 [2]: grow by the seconds inside the draft's and the target's llama_decode
         ("invariant", ctypes.c_int32),  # 0: ordinary passes; 1: placeholders; 2: and after every one-token pass
-        ("top_k", ctypes.c_int32),  # process_logits's filters at T > 0 (0 / 1 / 0: off)
-        ("top_p", ctypes.c_float),
-        ("min_p", ctypes.c_float),
         ("taus", _p),  # float32 [rows]: each row's proposal temperature (proposal.py), or NULL: 1 (q itself)
         ("grid_taus", _p),  # float32 [grid_size]: the grid whose acceptance the rule measures
         ("grid_size", ctypes.c_int32),  # 0: none (a fixed tau)
@@ -76,10 +73,11 @@ class StepArgs(ctypes.Structure):
         ("draft_norms", _p),  # float32 [rows, k, 1 + grid_size]: the proposals' normalisers (T > 0)
         ("index", _p),  # int32 [3 V + 2] scratch (T > 0)
         ("tell_q", ctypes.c_int32),  # 1: the rule is told q, not what drew the proposal (a negative control)
+        ("first_at", _p),  # int32 [rows] out: each row's first place in the target's batch (-1: not in it)
     ]
 
 
-class _Sampling(ctypes.Structure):
+class Sampling(ctypes.Structure):
     """`struct verispec_sampling`: process_logits's settings at T > 0."""
 
     _fields_ = [
@@ -99,7 +97,7 @@ class _RuleArgs(ctypes.Structure):
         ("draft_probs", _p),
         ("drafted", ctypes.c_int32),
         ("vocab", ctypes.c_int32),
-        ("sampling", _Sampling),
+        ("sampling", Sampling),
         ("tau", ctypes.c_float),
         ("grid_taus", _p),
         ("grid_size", ctypes.c_int32),
@@ -187,7 +185,7 @@ def load():
         loaded.verispec_rule.restype = ctypes.c_int32
         loaded.verispec_rule.argtypes = [ctypes.POINTER(_RuleArgs)]
         loaded.verispec_process.restype = ctypes.c_int32
-        loaded.verispec_process.argtypes = [_p, ctypes.c_int32, ctypes.POINTER(_Sampling), _p, _p]
+        loaded.verispec_process.argtypes = [_p, ctypes.c_int32, ctypes.POINTER(Sampling), _p, _p]
         _library, _status = loaded, f"compiled step loaded ({target.parent})"
     except Exception as error:  # no compiler, no header, ...: the engine's Python path; said once
         _status = f"compiled step unavailable ({type(error).__name__}: {str(error)[:200]})"
@@ -197,8 +195,8 @@ def load():
 
 def step_status() -> str:
     """`compiled step loaded (its directory)` where the engine runs llama.cpp iterations as one C call
-    (temperature 0; T > 0 rejection sampling with top-k and min-p, and top-p where top-k is on, the
-    draft proposing from q sharpened by its proposal temperature), else why not."""
+    (each row greedy or rejection sampling with its own top-k, top-p and min-p, the draft proposing
+    from q sharpened by its proposal temperature), else why not."""
     load()
     return _status
 
@@ -210,9 +208,11 @@ def _loaded():
     return loaded
 
 
-def _sampling(params) -> _Sampling:
-    """A SamplingParams (temperature > 0) as `struct verispec_sampling`."""
-    return _Sampling(params.temperature, params.top_k, params.top_p, params.min_p)
+def sampling_struct(params) -> Sampling:
+    """A SamplingParams as `struct verispec_sampling` (temperature 0 where it is greedy)."""
+    if params.greedy:
+        return Sampling(0.0, 0, 1.0, 0.0)
+    return Sampling(params.temperature, params.top_k, params.top_p, params.min_p)
 
 
 def compiled_process(logits: np.ndarray, params) -> tuple[np.ndarray, list[int]]:
@@ -222,7 +222,7 @@ def compiled_process(logits: np.ndarray, params) -> tuple[np.ndarray, list[int]]
     vocab = logits.shape[0]
     probs, index = np.zeros(4 * vocab, np.float32), np.zeros(3 * vocab + 2, np.int32)
     n = _loaded().verispec_process(
-        logits.ctypes.data, vocab, ctypes.byref(_sampling(params)), probs.ctypes.data, index.ctypes.data
+        logits.ctypes.data, vocab, ctypes.byref(sampling_struct(params)), probs.ctypes.data, index.ctypes.data
     )
     return probs[:vocab].copy(), index[:n].tolist()
 
@@ -256,7 +256,7 @@ def compiled_rule(
     state = np.array([rng], np.uint64)
     output, beta = np.full(k + 1, -1, np.int32), np.full(max(k, 1), np.nan)
     grid = np.full((max(k, 1), max(len(taus), 1)), np.nan)
-    sampling = _sampling(params) if not params.greedy else _Sampling(0.0, 0, 1.0, 0.0)
+    sampling = sampling_struct(params)
     args = _RuleArgs(
         ctypes.addressof(rows),
         proposals.ctypes.data,

@@ -6,7 +6,8 @@
  * row's top draft probability is below p_min; the target scores [pending, x_1..x_k] in one
  * llama_decode; the accept-reject rule keeps a prefix of each row and adds the recovered or
  * bonus token; both caches are rolled back to what was committed. Row b is llama.cpp
- * sequence b in both contexts; rows with active[b] == 0 take no part.
+ * sequence b in both contexts (a slot: a server's request takes a free one and leaves it);
+ * rows with active[b] == 0 take no part. Each row has its own sampling settings (sampling[b]).
  *
  * temperature == 0: proposals are the draft's argmax and a proposal is accepted while it is
  * the target's argmax (rejection.verify_greedy). temperature > 0: q and p are the draft's and the
@@ -25,7 +26,7 @@
  * test runs it beside rejection.verify_batch on the same logits and numbers.
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
- * ids: an inactive row between two active ones gets placeholder tokens (removed after the pass),
+ * ids: an inactive row between two active ones gets placeholder tokens after its last cell (removed after the pass),
  * so that llama.cpp runs the batch as one ubatch. A pass of one token gets a second placeholder
  * with logits after it: always with invariant == 2 (this file's one-token kernels differ), from
  * position SPLIT_KV_FROM on with invariant == 1 (flash attention's split of one query's cells).
@@ -548,7 +549,7 @@ struct verispec_step_args {
     const uint8_t *active;        /* [rows] 0: the row takes no part (it finished) */
     int32_t k;                    /* proposals wanted this step (0: a plain step) */
     float p_min;                  /* the confidence threshold: drafting stops once every row's top q is below it */
-    float temperature;            /* 0: greedy; > 0: sampled, p and q processed with top_k, top_p, min_p */
+    const struct verispec_sampling *sampling; /* [rows] each row's settings: temperature 0 greedy, else sampled */
     uint64_t *rng;                /* [rows] each row's splitmix64 state (streams.RowStreams: key + drawn * gamma) */
     float *draft_probs;           /* [rows, k, V] q (processed, not sharpened) of every proposal (temperature > 0) */
     float *scratch;               /* [4 V] floats of one position (struct work; temperature > 0) */
@@ -564,9 +565,6 @@ struct verispec_step_args {
     int32_t *num_accepted;        /* [rows] out */
     double *seconds;              /* [2] grow by the time inside the draft's and the target's llama_decode */
     int32_t invariant;            /* 0: ordinary passes; 1, 2: shape-invariant passes (placeholders; see above) */
-    int32_t top_k;                /* sampling.process_logits's filters (temperature > 0): 0 off */
-    float top_p;                  /* 1: off */
-    float min_p;                  /* 0: off */
     const float *taus;            /* [rows] each row's proposal temperature (proposal.py), or NULL: 1 (q itself) */
     const float *grid_taus;       /* [grid_size] the grid whose acceptance the rule measures */
     int32_t grid_size;            /* 0: none (a fixed tau) */
@@ -575,6 +573,8 @@ struct verispec_step_args {
     float *draft_norms;           /* [rows, k, 1 + grid_size] the proposals' normalisers (struct proposal) */
     int32_t *index;               /* [3 V + 2] int32 scratch (struct work; temperature > 0) */
     int32_t tell_q;               /* 1: the rule is told q whatever tau drew the proposal: inexact, the tests' negative control */
+    int32_t *first_at;            /* [rows] out: row b's first place in the target's batch (-1: not in it), whose
+                                     logits (llama_get_logits_ith) stay readable until the next decode */
 };
 
 /* Row b's proposals for position i, drawn by verispec_step: the pointers into its arrays. */
@@ -594,7 +594,8 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     llama_batch *draft_batch = a->draft_batch, *target_batch = a->target_batch;
     const int32_t rows = a->rows, k = a->k, width = a->width;
     const uint8_t *active = a->active;
-    const float p_min = a->p_min, temperature = a->temperature;
+    const float p_min = a->p_min;
+    const struct verispec_sampling *sampling = a->sampling;
     uint64_t *rng = a->rng;
     int32_t *draft_pending = a->draft_pending, *draft_count = a->draft_count, *draft_length = a->draft_length;
     int32_t *target_pending = a->target_pending, *target_length = a->target_length;
@@ -604,22 +605,27 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     if (!draft && k > 0) return TOO_MANY_TOKENS; /* no draft: plain steps only */
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
-    const int sampled = temperature > 0.0f;
-    const struct verispec_sampling sampling = {temperature, a->top_k, a->top_p, a->min_p};
     const struct grid grid = {a->grid_taus, a->grid ? a->grid_size : 0};
-    struct work w = sampled ? work_of(a->scratch, a->index, vocab) : (struct work){0};
-    int32_t drafted = k, live = 0, first = 0, status, lo = -1, hi = -1;
+    int32_t drafted = k, live = 0, first = 0, status, lo = -1, hi = -1, sampled = 0;
     for (int32_t b = 0; b < rows; b++) {
+        a->first_at[b] = -1;
         if (!active[b]) continue;
+        sampled |= sampling[b].temperature > 0.0f;
         live++;
         if (lo < 0) lo = b;
         hi = b;
         first += draft_count[b];
         if (draft && k == 0 && draft_count[b] >= width) return TOO_MANY_TOKENS;
     }
+    struct work w = sampled ? work_of(a->scratch, a->index, vocab) : (struct work){0};
+    llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
     const int32_t n_ctx_seq = (int32_t)llama_n_ctx_seq(target);
-    for (int32_t b = lo + 1; invariant && b < hi; b++) /* placeholders past a sequence's room: an ordinary pass instead */
-        if (!active[b] && target_length[b] + k + 1 > n_ctx_seq) invariant = 0;
+    int32_t pad_at[rows > 0 ? rows : 1]; /* an inactive row's placeholders go after its last cell (as context.py's) */
+    for (int32_t b = lo + 1; invariant && b < hi; b++) { /* past a sequence's room: an ordinary pass instead */
+        if (active[b]) continue;
+        pad_at[b] = (int32_t)llama_memory_seq_pos_max(target_memory, b) + 1;
+        if (pad_at[b] + k + 1 > n_ctx_seq) invariant = 0;
+    }
     if (invariant && lo == hi && target_length[lo] + 2 > n_ctx_seq) invariant = 0;
     const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
     if (span * (k + 1) + 1 > a->capacity || (k > 0 && first > a->capacity)) return TOO_MANY_TOKENS;
@@ -642,9 +648,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
             float top = 1.0f;
             index += i == 0 ? draft_count[b] : 1;
             const float *logits = llama_get_logits_ith(draft, index);
-            if (sampled) {
+            if (sampling[b].temperature > 0.0f) {
                 const size_t at = (size_t)b * k + i;
-                proposals[at] = propose(logits, draft_vocab, &sampling, a->taus ? a->taus[b] : 1.0f, grid, &w, rng + b,
+                proposals[at] = propose(logits, draft_vocab, &sampling[b], a->taus ? a->taus[b] : 1.0f, grid, &w, rng + b,
                                         a->draft_probs + at * draft_vocab, a->draft_top + at,
                                         a->draft_norms + at * (1 + grid.size), &top);
             } else {
@@ -665,9 +671,10 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         if (!active[b] && !(invariant && b > lo && b < hi)) continue;
         at_of[b] = target_batch->n_tokens;
         if (!active[b]) { /* a placeholder row: as many tokens, no logits, removed after the pass */
-            for (int32_t i = 0; i <= drafted; i++) put(target_batch, 0, target_length[b] + i, b, 0);
+            for (int32_t i = 0; i <= drafted; i++) put(target_batch, 0, pad_at[b] + i, b, 0);
             continue;
         }
+        a->first_at[b] = at_of[b];
         put(target_batch, target_pending[b], target_length[b], b, 1);
         for (int32_t i = 0; i < drafted; i++) put(target_batch, proposals[b * k + i], target_length[b] + 1 + i, b, 1);
     }
@@ -677,19 +684,19 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
 
     /* The rule, then both caches back to the committed tokens. */
-    llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b]) {
-            if (invariant && b > lo && b < hi) llama_memory_seq_rm(target_memory, b, target_length[b], -1);
+            if (invariant && b > lo && b < hi) llama_memory_seq_rm(target_memory, b, pad_at[b], -1);
             continue;
         }
         const float *logits[drafted + 1]; /* the target's rows for [pending, x_1..x_drafted] */
         for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
         struct proposal drawn[drafted + 1];
-        for (int32_t i = 0; sampled && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
+        const int row_sampled = sampling[b].temperature > 0.0f;
+        for (int32_t i = 0; row_sampled && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
         const struct row r = {logits, proposals + b * k, drawn, drafted, rng + b, 0, output + b * (k + 1),
                               a->beta + b * k, grid.size ? a->grid + (size_t)b * k * grid.size : 0};
-        const int32_t n = rule(&r, vocab, &sampling, grid, &w);
+        const int32_t n = rule(&r, vocab, &sampling[b], row_sampled ? grid : (struct grid){0, 0}, &w);
         const int32_t token = output[b * (k + 1) + n];
         num_accepted[b] = n;
         target_length[b] += 1 + n;

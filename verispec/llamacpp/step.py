@@ -1,17 +1,19 @@
 """The speculative iteration on a llama.cpp target and a llama.cpp draft, in one compiled call.
 
-Owns `CompiledStep` (the state of one `generate` call: both models' pending tokens and
-lengths as arrays the compiled step reads and writes). llama_step.c (built and loaded by
+Owns `CompiledStep` (the state of one batch, slot by slot: both models' pending tokens and
+lengths, each row's settings and random stream, as arrays the compiled step reads and writes;
+rows join and leave between steps, as a server's requests do). llama_step.c (built and loaded by
 compiled.py) does what the engine's Python path (step.PythonStep) does with a `ModelDrafter`:
 propose, score, the accept-reject rule, both rollbacks, in C against llama.cpp's C API: between
 two target passes Python runs cold (the pass streams the weights through the caches), so the
 dozen Python and torch steps of an iteration cost a sizeable share of a pass there. At temperature 0 it is
 `greedy_continuation`, `forward_argmax` and `rejection.verify_greedy`; at T > 0 it is
 `rejection.verify` on p and q processed as `sampling.process_logits` does (top-k, top-p, min-p
-included), the draft proposing from q sharpened by each row's proposal temperature (proposal.py),
-with its own random stream. The Python path stays the reference: tests compare the two token for
-token at T = 0, the rule alone on random inputs at T > 0, and the exactness suite runs the
-compiled step at T > 0. Knows nothing of drafters but the `DraftSource` protocol below, nor of text.
+included, each row its own), the draft proposing from q sharpened by each row's proposal
+temperature (proposal.py), with its own random stream. The Python path stays the reference:
+tests compare the two token for token at T = 0, the rule alone on random inputs at T > 0, and
+the exactness suite runs the compiled step at T > 0. Knows nothing of drafters but the
+`DraftSource` protocol below, nor of text.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .compiled import StepArgs, load, step_status
+from .compiled import Sampling, StepArgs, load, sampling_struct, step_status
 from .context import LlamaCppCache
 from .lib import library, log_tail
 
-__all__ = ["CompiledStep", "DraftModel", "DraftSource", "step_status"]
+__all__ = ["CompiledStep", "DraftModel", "DraftSource", "refusal", "step_status"]
 
 _TOO_MANY_TOKENS = -1
 
@@ -42,6 +44,7 @@ class DraftModel(Protocol):
     pending_count: list[int]
     confidence_threshold: float  # stop drafting once every row's top q is below it (0: off)
     proposal: Any  # proposal.ProposalTemperature: each row's proposal temperature (None: q itself)
+    unread: Any  # per row: a joined prompt's body the draft has not read (None: nothing), or None for all
 
 
 class DraftSource(Protocol):
@@ -57,75 +60,72 @@ def _capacity(cache: LlamaCppCache, draft: DraftModel | None) -> int:
     return min(cache.context.n_batch, draft.cache.context.n_batch) if draft is not None else cache.context.n_batch
 
 
+def refusal(params) -> str | None:
+    """Why a row with these SamplingParams cannot run on the compiled step, or None where it can."""
+    if params.sampling == "invariant" and not params.greedy:
+        return "sampling 'invariant' runs on the Python step only (its coupling is not compiled)"
+    return None
+
+
 class CompiledStep:
-    """Both models' state for the compiled step, over the caches of one `generate` call.
+    """Both models' state for the compiled step, slot by slot: slot s is llama.cpp sequence s of both
+    contexts, and the batch's row r runs in slot cache.seqs[r].
 
     `maybe(target, cache, drafter, sampling, prompts, k_max)` returns one when it applies (a
     `LlamaCppModel` target; a drafter whose `own_model()` is a llama.cpp model of the same
-    vocabulary, or no drafter: plain decoding; every row with the same settings: temperature 0, or
-    rejection sampling at a temperature, with any top-k and min-p, and top-p where top-k is on
-    (top-p alone would sort the whole vocabulary at every position: the Python path, whose torch sort
-    is faster, runs it); the compiled step loaded; B*(k+1) positions in one llama.cpp batch of
-    both contexts). It keeps the engine's step
-    interface (step.PythonStep's): `run(k, pending, logprobs)` runs one iteration for the active
-    rows, `commit` has nothing left to do, and rows that finish are `retire`d: they take no part
-    in later steps and their caches stop growing; rows never join (`can_change_rows` is false).
-    At T > 0 row b draws from its own splitmix64 stream, started where `RowStreams` starts it (so
-    a seed gives the same tokens each run, whatever the other rows; not the Python path's tokens,
-    which draw in another order). Row b proposes from q sharpened by the draft's
-    `proposal.chosen()[b]`, read before each call; with `--draft-temperature auto` each call also
-    hands the proposal the acceptance every tau of its grid would have had at the verified positions
-    (`proposal.observe`), as ModelDrafter.observe_target does on the Python path."""
+    vocabulary, or no drafter: plain decoding; every row greedy or in rejection mode, each with its
+    own temperature, top-k, top-p and min-p (a batch that starts with top-p without top-k runs the
+    Python path, whose torch sort of the vocabulary is faster; rows that join later may have it);
+    the compiled step loaded; slots*(k_max+1) positions in one llama.cpp batch of both contexts).
+    It keeps the engine's step interface (step.PythonStep's): `run(k, pending, logprobs)` runs one
+    iteration for the batch's rows, `commit` has nothing left to do; rows leave (`keep_rows`, called
+    before the caches drop them) and join (`add_rows`, after the caches, the drafter and the
+    sampling took them) between steps, as a server's requests do.
+    At T > 0 row r draws from its own splitmix64 stream, started where `RowStreams` starts it (so
+    a seed gives the same tokens each run, whatever the other rows and whenever it joined; not the
+    Python path's tokens, which draw in another order). Row r proposes from q sharpened by the
+    draft's `proposal.chosen()[r]`, read before each call; with `--draft-temperature auto` each call
+    also hands the proposal the acceptance every tau of its grid would have had at the verified
+    positions of its sampled rows (`proposal.observe`), as ModelDrafter.observe_target does on the
+    Python path. Log-probabilities are read from the target's logits that the call leaves behind."""
 
-    can_change_rows = False
+    can_change_rows = True
+    refusal = staticmethod(refusal)
 
-    def __init__(
-        self,
-        loaded,
-        target,
-        cache: LlamaCppCache,
-        draft: DraftModel | None,
-        prompts: list[list[int]],
-        sampling,
-        k_max: int,
-    ):
-        lib, batch = library(), len(prompts)
+    def __init__(self, loaded, target, cache: LlamaCppCache, draft: DraftModel | None, drafter, sampling, k_max: int):
+        lib = library()
+        slots = cache.context.n_seq
         self._function, self._lib = loaded.verispec_step, lib
-        self.target, self.cache = target, cache
+        self.target, self.cache, self.drafter, self.sampling, self.k_max = target, cache, drafter, sampling, k_max
         self.draft, self.draft_cache = (draft.model, draft.cache) if draft is not None else (None, None)
         self.capacity = _capacity(cache, draft)
         self._batches = [lib.llama_batch_init(self.capacity, 0, 1) for _ in range(2)]
-        params = sampling.shared
-        # pending tokens: a whole prompt, then k = 0 steps
-        width = max(len(p) + r.max_new_tokens for p, r in zip(prompts, sampling.params)) + 2
-        self.draft_pending = np.zeros((batch, width), np.int32)
-        self.draft_count = np.ones(batch, np.int32)
-        self.draft_length = np.zeros(batch, np.int32)
-        if draft is not None:
-            pending = draft.pending.numpy()
-            self.draft_pending[:, : pending.shape[1]] = pending
-            self.draft_count[:] = draft.pending_count
-            self.draft_length[:] = self.draft_cache.host_lengths
-        self.target_pending = np.asarray([p[-1] for p in prompts], np.int32)
-        self.target_length = np.asarray(cache.host_lengths, np.int32)
-        self.active = np.ones(batch, np.uint8)
-        self.proposals = np.zeros(batch * max(k_max, 1), np.int32)
-        self.output = np.zeros(batch * (k_max + 1), np.int32)
-        self.num_accepted = np.zeros(batch, np.int32)
+        width = cache.max_length + 2  # a slot's pending tokens: a whole prompt, then k = 0 steps
+        self.draft_pending = np.zeros((slots, width), np.int32)
+        self.draft_count = np.ones(slots, np.int32)
+        self.draft_length = np.zeros(slots, np.int32)
+        self.target_pending = np.zeros(slots, np.int32)
+        self.target_length = np.zeros(slots, np.int32)
+        self.active = np.zeros(slots, np.uint8)
+        self.settings = (Sampling * slots)()  # each slot's struct verispec_sampling
+        self.proposals = np.zeros(slots * max(k_max, 1), np.int32)
+        self.output = np.zeros(slots * (k_max + 1), np.int32)
+        self.num_accepted = np.zeros(slots, np.int32)
+        self.first_at = np.full(slots, -1, np.int32)
         self.seconds = np.zeros(2)
-        sampled = not params.greedy
-        vocab = target.vocab_size if sampled else 0
-        self.rng = sampling.streams.keys.numpy().view(np.uint64).copy()  # row b's splitmix64 state: its stream's key
-        self.draft_probs = np.zeros(batch * k_max * vocab, np.float32)  # q of every proposal (T > 0)
-        self.scratch, self.index = np.zeros(4 * vocab, np.float32), np.zeros(3 * vocab + 2 if vocab else 0, np.int32)
-        self.beta = np.zeros(batch * max(k_max, 1), np.float64)
-        self.proposal = draft.proposal if draft is not None and sampled else None  # ProposalTemperature or None
-        self.taus = np.ones(batch, np.float32)  # each row's proposal temperature, set before each call
+        vocab = target.vocab_size
+        self.rng = np.zeros(slots, np.uint64)  # slot s's splitmix64 state: its row's stream key, then as drawn
+        self.draft_probs = np.zeros(slots * k_max * vocab, np.float32)  # q of every proposal (sampled rows)
+        self.scratch, self.index = np.zeros(4 * vocab, np.float32), np.zeros(3 * vocab + 2, np.int32)
+        self.beta = np.zeros(slots * max(k_max, 1), np.float64)
+        self.proposal = draft.proposal if draft is not None else None  # ProposalTemperature or None
+        self.taus = np.ones(slots, np.float32)  # each slot's proposal temperature, set before each call
         grid = self.proposal.taus if self.proposal is not None and self.proposal.auto else ()
         self.grid_taus = np.asarray(grid, np.float32)
-        self.grid = np.zeros(batch * k_max * len(grid), np.float64)  # [B, k, G] the counterfactual acceptance
-        self.draft_top = np.zeros(batch * k_max if sampled else 0, np.int32)
-        self.draft_norms = np.zeros(batch * k_max * (1 + len(grid)) if sampled else 0, np.float32)
+        self.grid = np.zeros(slots * k_max * len(grid), np.float64)  # [S, k, G] the counterfactual acceptance
+        self.draft_top = np.zeros(slots * k_max, np.int32)
+        self.draft_norms = np.zeros(slots * k_max * (1 + len(grid)), np.float32)
+        self._joined: set[int] = set()  # slots whose prompts the draft has not read yet
         context = cache.context
         self._args = StepArgs(
             draft=self.draft_cache.context.ptr if draft is not None else None,
@@ -133,11 +133,11 @@ class CompiledStep:
             target=context.ptr,
             target_batch=ctypes.addressof(self._batches[1]),
             capacity=self.capacity,
-            rows=batch,
+            rows=slots,
             active=self.active.ctypes.data,
             k=0,
             p_min=draft.confidence_threshold if draft is not None else 0.0,
-            temperature=params.temperature if sampled else 0.0,
+            sampling=ctypes.addressof(self.settings),
             rng=self.rng.ctypes.data,
             draft_probs=self.draft_probs.ctypes.data,
             scratch=self.scratch.ctypes.data,
@@ -153,9 +153,6 @@ class CompiledStep:
             num_accepted=self.num_accepted.ctypes.data,
             seconds=self.seconds.ctypes.data,
             invariant=0 if not context.invariant else 2 if context.pad_always else 1,
-            top_k=params.top_k if sampled else 0,
-            top_p=params.top_p if sampled else 1.0,
-            min_p=params.min_p if sampled else 0.0,
             taus=self.taus.ctypes.data if self.proposal is not None else None,
             grid_taus=self.grid_taus.ctypes.data if len(grid) else None,
             grid_size=len(grid),
@@ -164,99 +161,163 @@ class CompiledStep:
             draft_norms=self.draft_norms.ctypes.data,
             index=self.index.ctypes.data,
             tell_q=0,
+            first_at=self.first_at.ctypes.data,
         )
 
     @classmethod
     def maybe(
         cls, target, cache, drafter: DraftSource | None, sampling, prompts: list[list[int]], k_max: int
     ) -> CompiledStep | None:
-        params = sampling.shared  # one setting for every row (seeds aside), or None
-        if params is None or not isinstance(cache, LlamaCppCache):
+        if not isinstance(cache, LlamaCppCache) or any(refusal(p) for p in sampling.params):
             return None
+        vocab = target.vocab_size
+        if any(p.top_p < 1.0 and not 0 < p.top_k < vocab for p in sampling.params if not p.greedy):
+            return None  # top-p alone sorts the vocabulary at every position: torch's sort is faster
         draft = None
         if drafter is not None:
             draft = drafter.own_model() if hasattr(drafter, "own_model") else None
-            if draft is None or not isinstance(draft.cache, LlamaCppCache):
+            if draft is None or not isinstance(draft.cache, LlamaCppCache) or draft.model.vocab_size != vocab:
                 return None
-            if not params.greedy and draft.model.vocab_size != target.vocab_size:
-                return None
-        top_p_alone = params.top_p < 1.0 and not 0 < params.top_k < target.vocab_size  # a sort of the vocabulary
-        if not (params.greedy or (params.sampling == "rejection" and not top_p_alone)):
-            return None
+            if draft.cache.seqs != cache.seqs or draft.cache.context.n_seq != cache.context.n_seq:
+                return None  # the C step takes slot s to be sequence s in both contexts
         loaded = load()
-        if loaded is None or len(prompts) * (k_max + 1) > _capacity(cache, draft):
+        if loaded is None or cache.context.n_seq * (k_max + 1) > _capacity(cache, draft):
             return None
-        if cache.seqs != list(range(len(prompts))) or (draft is not None and draft.cache.seqs != cache.seqs):
-            return None  # the C step takes row b to be sequence b in both contexts
-        return cls(loaded, target, cache, draft, prompts, sampling, k_max)
+        step = cls(loaded, target, cache, draft, drafter, sampling, k_max)
+        step.add_rows(list(range(len(prompts))), [p[-1] for p in prompts])
+        return step
+
+    # ---- rows
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only `rows` stay (called before the caches drop the others): the other slots take no part."""
+        kept = {self.cache.seqs[r] for r in rows}
+        for seq in self.cache.seqs:
+            if seq not in kept:
+                self.active[seq] = 0
+                self._joined.discard(seq)
+
+    def add_rows(self, rows: list[int], pending: list[int]) -> None:
+        """Rows that joined (the caches, the drafter and the sampling hold them already): each slot
+        takes its row's target length and pending token, its settings and stream, and the draft's
+        unread tokens (a joined prompt's body is read at the next drafting step: `read_joined`)."""
+        if self.draft is not None and self.draft_cache.seqs != self.cache.seqs:
+            raise RuntimeError("the draft's and the target's caches hold different sequences")
+        own = self.drafter.own_model() if self.draft is not None else None
+        lengths, keys = self.cache.host_lengths, self.sampling.streams.keys
+        for row, token in zip(rows, pending):
+            seq, params = self.cache.seqs[row], self.sampling.params[row]
+            if refusal(params):
+                raise ValueError(refusal(params))
+            self.settings[seq] = sampling_struct(params)
+            self.rng[seq] = np.int64(keys[row].item()).view(np.uint64)
+            self.target_length[seq], self.target_pending[seq] = lengths[row], token
+            self.active[seq] = 1
+            if own is not None:
+                unread = own.unread[row] if own.unread is not None and own.unread[row] is not None else []
+                tokens = list(unread) + own.pending[row, : own.pending_count[row]].tolist()
+                self.draft_pending[seq, : len(tokens)] = tokens
+                self.draft_count[seq], self.draft_length[seq] = len(tokens), self.draft_cache.host_lengths[row]
+                if len(tokens) > 1:
+                    self._joined.add(seq)
+
+    @property
+    def joined_unread(self) -> int:
+        """Prompt tokens of joined rows that the draft has not read yet."""
+        return sum(int(self.draft_count[s]) - 1 for s in self._joined)
+
+    def read_joined(self) -> None:
+        """The draft reads the joined rows' prompts now (the engine times it as a cost per request)."""
+        self._read_pending(sorted(self._joined))
+        self._joined.clear()
+
+    # ---- the step
 
     def run(self, k: int, pending: torch.Tensor | None = None, logprobs: dict[int, int] | None = None) -> tuple:
-        """One iteration of the active rows: the fields of step.Iteration, in its order (this
-        package sits below the engine, so a plain tuple). `pending` and `logprobs` are the Python
-        path's: this step keeps its own pending tokens and offers no log-probabilities."""
+        """One iteration of the batch's rows: the fields of step.Iteration, in its order (this
+        package sits below the engine, so a plain tuple). `pending` is the Python path's: this step
+        keeps its own pending tokens."""
         started, before = time.perf_counter(), self.seconds.tolist()
-        if self.proposal is not None:
-            self.taus[:] = self.proposal.chosen().numpy()
+        seqs = np.asarray(self.cache.seqs, np.int64)
+        if self.proposal is not None and len(seqs):
+            self.taus[seqs] = self.proposal.chosen().numpy()
         made = self._call(k)
         if made == _TOO_MANY_TOKENS and self.draft is not None:  # the draft's pending tokens do not fit in one batch
-            self._read_pending()
+            self._read_pending([int(s) for s in seqs])
             made = self._call(k)
         if made == _TOO_MANY_TOKENS:
             raise RuntimeError(f"a step of {k} proposals does not fit in one llama.cpp batch of {self.capacity} tokens")
         if made < 0:
             raise RuntimeError(f"llama_decode failed (status {-1000 - made}): {log_tail()}")
+        self._joined.clear()  # a drafting step read every pending token
         drafted, verified = self.seconds[0] - before[0], self.seconds[1] - before[1]
         self.target.forward_compute_s += verified
-        self.cache.set_lengths(self.target_length.tolist())
+        self.cache.set_lengths(self.target_length[seqs].tolist())
         if self.draft is not None:
             self.draft.forward_compute_s += drafted
-            self.draft_cache.set_lengths(self.draft_length.tolist())
-        accepted = self.num_accepted.tolist()
-        rows = self.output[: len(accepted) * (k + 1)].reshape(-1, k + 1).tolist()  # row b at b * (k + 1)
-        tokens = [row[: n + 1] if live else [] for row, n, live in zip(rows, accepted, self.active)]
-        betas = self.beta[: len(accepted) * k].reshape(-1, k).tolist() if k else [[] for _ in accepted]
+            self.draft_cache.set_lengths(self.draft_length[seqs].tolist())
+        accepted = self.num_accepted[seqs].tolist()
+        rows = self.output[: len(self.active) * (k + 1)].reshape(-1, k + 1)[seqs].tolist()
+        tokens = [row[: n + 1] for row, n in zip(rows, accepted)]
+        betas = self.beta[: len(self.active) * k].reshape(-1, k)[seqs].tolist() if k else [[] for _ in accepted]
         beta = [row[: min(n + 1, made)] for row, n in zip(betas, accepted)]  # the verified positions
         if len(self.grid_taus) and made > 0:
-            self._observe(k, made)
-        return tokens, accepted, beta, made, drafted, time.perf_counter() - started - drafted, {}
+            self._observe(seqs, k, made)
+        found = self._logprobs(seqs, tokens, logprobs) if logprobs else {}
+        return tokens, accepted, beta, made, drafted, time.perf_counter() - started - drafted, found
 
-    def _observe(self, k: int, made: int) -> None:
-        """The proposal's estimates take the grid at this call's verified positions of the active rows."""
-        rows, size = len(self.active), len(self.grid_taus)
-        grid = self.grid[: rows * k * size].reshape(rows, k, size)[:, :made].copy()  # [B, made, G], the next call's own
-        # proposal.verified_positions, of the active rows: positions 0..n_b
-        verified = (np.arange(made)[None, :] <= self.num_accepted[:, None]) & self.active[:, None].astype(bool)
+    def _observe(self, seqs: np.ndarray, k: int, made: int) -> None:
+        """The proposal's estimates take the grid at this call's verified positions of the sampled rows."""
+        size = len(self.grid_taus)
+        grid = self.grid[: len(self.active) * k * size].reshape(-1, k, size)[seqs, :made]  # [B, made, G], a copy
+        sampled = np.asarray([self.settings[s].temperature > 0 for s in seqs])
+        # proposal.verified_positions, of the sampled rows: positions 0..n_b
+        verified = (np.arange(made)[None, :] <= self.num_accepted[seqs][:, None]) & sampled[:, None]
         self.proposal.observe(torch.from_numpy(grid), torch.from_numpy(verified))  # [B, made, G], [B, made]
+
+    def _logprobs(self, seqs: np.ndarray, tokens: list[list[int]], wanted: dict[int, int]) -> dict:
+        """Row -> (log p(token), {alternative: log p}) per committed token, from the target's raw logits
+        that this call left in its context (as step.PythonStep's, from its scores)."""
+        from ..step import token_logprobs
+
+        vocab, found = self.target.vocab_size, {}
+        for row, n in wanted.items():
+            first, count = int(self.first_at[seqs[row]]), len(tokens[row])
+            logits = np.stack(
+                [
+                    np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.cache.context.ptr, first + i), (vocab,))
+                    for i in range(count)
+                ]
+            )  # [count, V]
+            scores, output = torch.from_numpy(logits)[None], torch.tensor([tokens[row]])
+            found[row] = token_logprobs(scores, output, {0: n})[0]
+        return found
+
+    def commit(self, accepted: list[int], pending: torch.Tensor, live: list[bool]) -> None:
+        """Nothing: `run` rolled both caches back and keeps the pending tokens itself."""
 
     def tell_q(self) -> None:
         """From now on the rule is told q whatever tau drew the proposals: inexact where tau < 1 (the
         negative control of the tests that show the exactness suite would see it)."""
         self._args.tell_q = 1
 
-    def commit(self, accepted: list[int], pending: torch.Tensor, live: list[bool]) -> None:
-        """Nothing: `run` rolled both caches back and keeps the pending tokens itself."""
-
     def _call(self, k: int) -> int:
         self._args.k = k
         return self._function(ctypes.byref(self._args))
 
-    def _read_pending(self) -> None:
-        """The draft reads every active row's pending tokens but the last (in batches of any size)."""
-        rows = [b for b in np.flatnonzero(self.active) if self.draft_count[b] > 1]
-        if not rows:
+    def _read_pending(self, slots: list[int]) -> None:
+        """The draft reads these active slots' pending tokens but the last (in batches of any size)."""
+        slots = [s for s in slots if self.active[s] and self.draft_count[s] > 1]
+        if not slots:
             return
-        tokens = np.concatenate([self.draft_pending[b, : self.draft_count[b] - 1] for b in rows])
-        positions = np.concatenate([self.draft_length[b] + np.arange(self.draft_count[b] - 1) for b in rows])
-        seqs = np.concatenate([np.full(self.draft_count[b] - 1, b) for b in rows])
+        tokens = np.concatenate([self.draft_pending[s, : self.draft_count[s] - 1] for s in slots])
+        positions = np.concatenate([self.draft_length[s] + np.arange(self.draft_count[s] - 1) for s in slots])
+        seqs = np.concatenate([np.full(self.draft_count[s] - 1, s) for s in slots])
         self.draft_cache.context.decode(tokens, positions, seqs, False)
-        for b in rows:
-            self.draft_length[b] += self.draft_count[b] - 1
-            self.draft_pending[b, 0] = self.draft_pending[b, self.draft_count[b] - 1]
-            self.draft_count[b] = 1
-
-    def retire(self, rows: list[int]) -> None:
-        """Rows that are done: no part in later steps (their caches keep what they hold)."""
-        self.active[rows] = 0
+        for s in slots:
+            self.draft_length[s] += self.draft_count[s] - 1
+            self.draft_pending[s, 0] = self.draft_pending[s, self.draft_count[s] - 1]
+            self.draft_count[s] = 1
 
     def __del__(self) -> None:
         if not sys.is_finalizing():

@@ -295,6 +295,9 @@ def create_app(
 
     async def respond(http: Request, request: CompletionRequest, chat: bool):
         queue: asyncio.Queue = asyncio.Queue()
+        refusal = getattr(scheduler, "refusal", None)  # settings the running step cannot take
+        for why in filter(None, map(refusal, request.params) if refusal is not None else []):
+            return refuse(why, "sampling")
         try:
             choices = submit(request, queue)
         except QueueFull as full:

@@ -94,7 +94,6 @@ class Scheduler:
             k,
             capacity=max_batch,
             max_length=max_model_len + k_max + 1,
-            compiled=False,
             count_requests=False,
         )
         self.waiting: deque[Submission] = deque()
@@ -109,6 +108,10 @@ class Scheduler:
         self.calibration_s: float | None = None  # seconds the calibration took, once done
 
     # ---- called from other threads
+
+    def refusal(self, params) -> str | None:
+        """Why the batch cannot run a request with these SamplingParams (None: it can)."""
+        return self.batch.refusal(params)
 
     def submit(self, submission: Submission) -> None:
         with self._wake:
