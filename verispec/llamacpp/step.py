@@ -249,7 +249,8 @@ class CompiledStep:
             raise RuntimeError(f"a step of {k} proposals does not fit in one llama.cpp batch of {self.capacity} tokens")
         if made < 0:
             raise RuntimeError(f"llama_decode failed (status {-1000 - made}): {log_tail()}")
-        self._joined.clear()  # a drafting step read every pending token
+        if k > 0:
+            self._joined.clear()  # a drafting step read every pending token
         drafted, verified = self.seconds[0] - before[0], self.seconds[1] - before[1]
         self.target.forward_compute_s += verified
         self.cache.set_lengths(self.target_length[seqs].tolist())
