@@ -13,7 +13,9 @@ settings. Checked black-box, through the batch:
   in one batch are each distributed as the target under their own settings: the joint of three
   tokens, chi-square at a false-failure rate of 1e-9 (negative control: two settings swapped in C);
 - log-probabilities on the compiled step equal the Python path's and the target's own;
-- a request in invariant mode cannot join a compiled batch (ValueError), and nothing changes.
+- a request in invariant mode cannot join a compiled batch (ValueError), and nothing changes;
+- plain (k = 0) steps leave a joined prompt unread for the draft, as on the Python path, so that
+  the engine times its reading at the first drafting step as prefill.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from verispec.llamacpp.step import CompiledStep, step_status
 from verispec.models.gguf_convert import cached_gguf
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.stats import SpecStats
+from verispec.step import PythonStep
 
 pytestmark = pytest.mark.skipif(not step_status().startswith("compiled step loaded"), reason="no compiled step here")
 
@@ -374,3 +377,26 @@ def test_an_invariant_request_cannot_join_a_compiled_batch_and_nothing_changes(p
         for i, new in batch.step().items():
             out[i] += new
     assert out == {i: _plain(model, p, params) for i, p in zip("abc", prompts)}
+
+
+def test_a_draft_reads_joined_prompts_at_the_first_drafting_step_as_on_the_python_path(pair):
+    """Plain (k = 0) steps leave a joined prompt unread on both paths; the engine times its reading
+    at the first drafting step as a cost per request (prefill), which the policy keeps apart."""
+    model, draft, prompts = pair
+    seen = {}
+    for python in (False, True):
+        if python:
+            model.compiled_step = lambda *args: None
+        try:
+            batch = Batch(model, [], [], ModelDrafter(draft), Cycle((0, 0, 3)), capacity=2, max_length=64)
+        finally:
+            vars(model).pop("compiled_step", None)
+        batch.join([prompts[1]], [GREEDY], ["a"])
+        seen[python] = []  # per step: (the joined prompt still unread, the step's prefill time grew)
+        for _ in range(3):
+            prefill = batch.stats.prefill_time_s
+            batch.step()
+            unread = batch.stepper.joined_unread  # the compiled step also counts the tokens decoded meanwhile
+            seen[python].append((unread >= len(prompts[1]) - 1, batch.stats.prefill_time_s > prefill))
+    assert isinstance(batch.stepper, PythonStep)
+    assert seen[False] == seen[True] == [(True, False), (True, False), (False, True)]
