@@ -238,6 +238,6 @@ def test_at_llama_cpp_default_truncation_the_step_runs_and_feeds_the_proposal_te
                 if verified[b].any():
                     column = int(np.argmin(abs(grid_taus - taus[b])))
                     assert int(verified[b].sum()) == len(row)
-                    assert np.allclose(grid[b, : len(row), column].numpy(), row, atol=1e-5)
+                    assert np.allclose(np.asarray(grid)[b, : len(row), column], row, atol=1e-5)
                     checked += 1
     assert checked > 10 and any((taus < 1).any() for taus, *_ in calls)

@@ -25,6 +25,7 @@ Knows nothing of models, drafters or the engine.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 TAUS = (1.0, 0.7, 0.5, 0.35, 0.2, 0.0)  # the grid of `--draft-temperature auto`: q first, the argmax last
@@ -78,48 +79,60 @@ class ProposalTemperature:
         return self.fixed is None
 
     def start(self, batch: int) -> None:
-        self.sums = torch.zeros(batch, len(self.taus), dtype=torch.float64)  # [B, G] decayed sums of acceptance
-        self.squares = torch.zeros(batch, len(self.taus), dtype=torch.float64)  # [B, G] ... of (a_tau - a_q)^2
-        self.counts = torch.zeros(batch, dtype=torch.float64)  # [B] decayed count of verified positions
-        self.left = torch.zeros(1 + len(self.taus), dtype=torch.float64)  # rows that left: [count, sums...] (reports)
+        # numpy, not torch: a few [B, G] operations per pass, where torch's per-call cost would dominate
+        self.sums = np.zeros((batch, len(self.taus)))  # [B, G] decayed sums of acceptance
+        self.squares = np.zeros((batch, len(self.taus)))  # [B, G] ... of (a_tau - a_q)^2
+        self.counts = np.zeros(batch)  # [B] decayed count of verified positions
+        self.left = np.zeros(1 + len(self.taus))  # rows that left: [count, sums...] (reports)
+        self._chosen: torch.Tensor | None = None  # chosen(), until the estimates or the rows change
 
     def keep_rows(self, rows: list[int]) -> None:
-        gone = torch.ones(len(self.counts), dtype=torch.bool)
+        gone = np.ones(len(self.counts), dtype=bool)
         gone[rows] = False
-        self.left += torch.cat([self.counts[gone].sum()[None], self.sums[gone].sum(dim=0)])
+        self.left += np.concatenate([[self.counts[gone].sum()], self.sums[gone].sum(axis=0)])
         self.sums, self.squares, self.counts = self.sums[rows], self.squares[rows], self.counts[rows]
+        self._chosen = None
 
     def add_rows(self, count: int) -> None:
         """New rows start with no observation (their choice reads only their own positions)."""
-        self.sums = torch.cat([self.sums, self.sums.new_zeros(count, len(self.taus))])
-        self.squares = torch.cat([self.squares, self.squares.new_zeros(count, len(self.taus))])
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
+        self.sums = np.concatenate([self.sums, np.zeros((count, len(self.taus)))])
+        self.squares = np.concatenate([self.squares, np.zeros((count, len(self.taus)))])
+        self.counts = np.concatenate([self.counts, np.zeros(count)])
+        self._chosen = None
 
     def chosen(self) -> torch.Tensor:
-        """Each row's tau now: [B] float32 (q, the first of the grid, until another's bound is above it)."""
-        n = self.counts.clamp_min(1.0)[:, None]  # [B, 1]
-        gain = (self.sums - self.sums[:, :1]) / n  # [B, G] mean of a_tau - a_q
-        spread = (self.squares / n - gain**2).clamp_min(0.0)  # [B, G] its variance per position
-        bound = gain - Z * (spread / n).sqrt()
-        best = torch.where(bound > 0, bound, 0.0).argmax(dim=-1)  # the first of the grid on ties: q
-        return torch.tensor(self.taus, dtype=torch.float32)[best]
+        """Each row's tau now: [B] float32 (q, the first of the grid, until another's bound is above it).
+        The same tensor until the estimates or the rows change: read it, do not write it."""
+        if self._chosen is None:
+            if not self.auto:
+                best = np.zeros(len(self.counts), dtype=np.int64)
+            else:
+                n = np.maximum(self.counts, 1.0)[:, None]  # [B, 1]
+                gain = (self.sums - self.sums[:, :1]) / n  # [B, G] mean of a_tau - a_q
+                spread = np.maximum(self.squares / n - gain**2, 0.0)  # [B, G] its variance per position
+                bound = gain - Z * np.sqrt(spread / n)
+                best = np.where(bound > 0, bound, 0.0).argmax(axis=-1)  # the first of the grid on ties: q
+            self._chosen = torch.from_numpy(np.asarray(self.taus, dtype=np.float32)[best])
+        return self._chosen
 
     def estimates(self) -> torch.Tensor:
         """Each row's mean acceptance per tau [B, G] (nan before any observation)."""
-        return self.sums / self.counts[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return torch.from_numpy(self.sums / self.counts[:, None])
 
     def observe(
         self,
-        grid: torch.Tensor,  # [B, k, G] acceptance_grid at the pass's positions
-        verified: torch.Tensor,  # [B, k] bool: the positions the rule reached (accepted, and the first rejection)
+        grid: torch.Tensor | np.ndarray,  # [B, k, G] acceptance_grid at the pass's positions
+        verified: torch.Tensor | np.ndarray,  # [B, k] bool: positions the rule reached (accepted, first rejection)
     ) -> None:
-        weight = verified.to(torch.float64)  # [B, k]
-        count = weight.sum(dim=1)  # [B]
+        weight = np.asarray(verified, dtype=np.float64)  # [B, k]
+        count = weight.sum(axis=1)  # [B]
         decay = self.decay**count  # [B]: each verified position ages the older ones by one
-        grid = grid.to(torch.float64)
-        self.sums = self.sums * decay[:, None] + (grid * weight[..., None]).sum(dim=1)
-        self.squares = self.squares * decay[:, None] + ((grid - grid[..., :1]) ** 2 * weight[..., None]).sum(dim=1)
+        grid = np.asarray(grid, dtype=np.float64)
+        self.sums = self.sums * decay[:, None] + (grid * weight[..., None]).sum(axis=1)
+        self.squares = self.squares * decay[:, None] + ((grid - grid[..., :1]) ** 2 * weight[..., None]).sum(axis=1)
         self.counts = self.counts * decay + count
+        self._chosen = None
 
     def summary(self) -> dict:
         """The batch's choice and estimates since `start`, pooled over its rows, those that left included
@@ -127,7 +140,7 @@ class ProposalTemperature:
         counts = self.counts.sum() + self.left[0]
         if self.fixed is not None or counts == 0:
             return {"tau": self.taus[0] if self.fixed is None else self.fixed, "acceptance": {}}
-        means = ((self.sums.sum(dim=0) + self.left[1:]) / counts).tolist()
+        means = ((self.sums.sum(axis=0) + self.left[1:]) / counts).tolist()
         return {
             "tau": self.taus[max(range(len(means)), key=means.__getitem__)],
             "acceptance": dict(zip(self.taus, means)),

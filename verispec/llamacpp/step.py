@@ -270,11 +270,13 @@ class CompiledStep:
     def _observe(self, seqs: np.ndarray, k: int, made: int) -> None:
         """The proposal's estimates take the grid at this call's verified positions of the sampled rows."""
         size = len(self.grid_taus)
-        grid = self.grid[: len(self.active) * k * size].reshape(-1, k, size)[seqs, :made]  # [B, made, G], a copy
         sampled = np.asarray([self.settings[s].temperature > 0 for s in seqs])
+        if not sampled.any():
+            return
+        grid = self.grid[: len(self.active) * k * size].reshape(-1, k, size)[seqs, :made]  # [B, made, G], a copy
         # proposal.verified_positions, of the sampled rows: positions 0..n_b
         verified = (np.arange(made)[None, :] <= self.num_accepted[seqs][:, None]) & sampled[:, None]
-        self.proposal.observe(torch.from_numpy(grid), torch.from_numpy(verified))  # [B, made, G], [B, made]
+        self.proposal.observe(grid, verified)  # [B, made, G], [B, made]
 
     def _logprobs(self, seqs: np.ndarray, tokens: list[list[int]], wanted: dict[int, int]) -> dict:
         """Row -> (log p(token), {alternative: log p}) per committed token, from the target's raw logits
