@@ -218,10 +218,9 @@ class Context:
         With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
         sequence ids that each take the same number of tokens from every one of them
         (split_equal), and each ubatch reads every weight: a row that finished left a gap in a
-        server's sequences until a new row filled it (15 rows of the built-in target with one gap
-        took 57-63 ms a pass against 46-48 without), and a gap filled with one token still cut a
-        verification of 2 tokens a row in three (8 rows, k = 1: 50-59 ms against 33-35), as
-        rows with 1 and 2 pending tokens cut a draft's pass in two. The placeholders go after
+        server's sequences until a new row filled it (a pass then runs as several ubatches, each
+        reading every weight), and a gap filled with one token still cut a verification of 2 tokens
+        a row in three, as rows with 1 and 2 pending tokens cut a draft's pass in two. The placeholders go after
         each sequence's last cell (after its tokens in this batch), and their cells are removed
         after the decode (`decode`). Padded where that costs fewer positions than the ubatches it
         saves (`_UBATCH_POSITIONS` each): a decode pass, not a prefill of prompts of different lengths."""

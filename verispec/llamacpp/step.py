@@ -108,6 +108,7 @@ class CompiledStep:
         self.target_length = np.zeros(slots, np.int32)
         self.active = np.zeros(slots, np.uint8)
         self.settings = (Sampling * slots)()  # each slot's struct verispec_sampling
+        self.sampled = np.zeros(slots, bool)  # each slot's temperature > 0 (its settings, read from Python)
         self.proposals = np.zeros(slots * max(k_max, 1), np.int32)
         self.output = np.zeros(slots * (k_max + 1), np.int32)
         self.num_accepted = np.zeros(slots, np.int32)
@@ -209,7 +210,7 @@ class CompiledStep:
             seq, params = self.cache.seqs[row], self.sampling.params[row]
             if refusal(params):
                 raise ValueError(refusal(params))
-            self.settings[seq] = sampling_struct(params)
+            self.settings[seq], self.sampled[seq] = sampling_struct(params), not params.greedy
             self.rng[seq] = np.int64(keys[row].item()).view(np.uint64)
             self.target_length[seq], self.target_pending[seq] = lengths[row], token
             self.active[seq] = 1
@@ -270,7 +271,7 @@ class CompiledStep:
     def _observe(self, seqs: np.ndarray, k: int, made: int) -> None:
         """The proposal's estimates take the grid at this call's verified positions of the sampled rows."""
         size = len(self.grid_taus)
-        sampled = np.asarray([self.settings[s].temperature > 0 for s in seqs])
+        sampled = self.sampled[seqs]
         if not sampled.any():
             return
         grid = self.grid[: len(self.active) * k * size].reshape(-1, k, size)[seqs, :made]  # [B, made, G], a copy
