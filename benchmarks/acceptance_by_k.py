@@ -1,0 +1,124 @@
+"""Does acceptance at a draft position depend on the draft length? Greedy, the built-in pair on llama.cpp, batch 1.
+
+The adaptive policy predicts tokens per pass at each k from acceptance per draft position (depth), pooled over
+whatever k ran. This measures, on the held-out prompts:
+1. fixed k = 1, 3, 7: acceptance per depth and tokens per pass;
+2. `--k auto`: the depth model's tokens per pass at the end of the run, and the same prediction made instead by
+   laying fixed-k passes over the text the run verified (a draft token at text position t matches the target's or
+   not, whatever k is; a bonus position, never drafted, counts as the mean match rate).
+
+    python benchmarks/acceptance_by_k.py [--prompts 16] [--max-new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from verispec.analysis.profile import batch_sizes, calibrate
+from verispec.config import SamplingParams
+from verispec.drafters.model import ModelDrafter
+from verispec.engine import Batch
+from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
+from verispec.models.gguf_convert import cached_gguf
+from verispec.pair import DRAFT_DIR, TARGET_DIR
+from verispec.policy import AdaptiveLength, FixedLength
+
+
+class Recorded:
+    """Wraps a policy; keeps each pass's (k, betas at the verified positions)."""
+
+    def __init__(self, policy):
+        self.policy, self.k_max, self.passes = policy, policy.k_max, []
+
+    def choose(self, batch: int = 1) -> int:
+        return self.policy.choose(batch)
+
+    def observe(self, k, beta_sums, verified, *args, **kwargs) -> None:
+        self.passes.append((k, [round(b) for b in beta_sums[:k]]))
+        self.policy.observe(k, beta_sums, verified, *args, **kwargs)
+
+
+def decode(policy, target, draft, prompts, max_new_tokens: int) -> int:
+    """Greedy decoding of the prompts in turn at one row; returns the passes run."""
+    batch = Batch(target, [], [], ModelDrafter(draft), policy, capacity=1, max_length=1024)
+    if isinstance(policy.policy, AdaptiveLength):
+        calibrate(batch, policy.policy, batch_sizes(1), 1024 - 9)
+    for i, prompt in enumerate(prompts):
+        batch.join([prompt], [SamplingParams(temperature=0, max_new_tokens=max_new_tokens)], [i])
+        while len(batch):
+            batch.step()
+    return len(policy.passes)
+
+
+def by_depth(passes) -> list[float]:
+    """Acceptance per depth: accepted / verified at each position."""
+    accepted, verified = [0] * 8, [0] * 8
+    for k, betas in passes:
+        for i, b in enumerate(betas):
+            verified[i] += 1
+            accepted[i] += b
+            if not b:
+                break
+    return [a / v for a, v in zip(accepted, verified) if v]
+
+
+def text_matches(passes) -> list[float | None]:
+    """Per text position: 1 where the draft's token matched, 0 where not, None where nothing was drafted."""
+    text: list[float | None] = []
+    for k, betas in passes:
+        n = next((i for i, b in enumerate(betas) if not b), len(betas))
+        text += betas[: n + 1] if n < len(betas) else betas + [None]
+    return text
+
+
+def tokens_per_pass(text: list[float | None], k: int) -> float:
+    """Fixed-k passes laid over the text from its start: committed tokens over passes."""
+    known = [m for m in text if m is not None]
+    fill = sum(known) / len(known)
+    expected = [fill if m is None else m for m in text]
+    # passes[s]: expected passes to cover text[s:] (a pass from s accepts j with probability
+    # prod(expected[s:s+j]) * (1 - expected[s+j]), all k with prod(expected[s:s+k]); then moves j + 1)
+    passes = [0.0] * (len(text) + k + 2)
+    for s in range(len(text) - 1, -1, -1):
+        total, run = 1.0, 1.0
+        for j in range(k):
+            if s + j >= len(text):
+                break
+            total += run * (1 - expected[s + j]) * passes[s + j + 1]
+            run *= expected[s + j]
+        passes[s] = total + run * passes[min(s + k + 1, len(passes) - 1)]
+    return len(text) / passes[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    target, draft = LlamaCppModel(cached_gguf(TARGET_DIR, "f32")), LlamaCppModel(cached_gguf(DRAFT_DIR, "f32"))
+    tokenizer = GGUFTokenizer(target)
+    path = Path(__file__).with_name("heldout.jsonl")
+    texts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()][: args.prompts]
+    prompts = [tokenizer.encode(t).ids for t in texts]
+    for k in (1, 3, 7):
+        policy = Recorded(FixedLength(k))
+        passes = decode(policy, target, draft, prompts, args.max_new_tokens)
+        text = text_matches(policy.passes)
+        print(
+            f"fixed k={k}: acceptance by depth {[round(a, 3) for a in by_depth(policy.passes)]}, "
+            f"tokens/pass {len(text) / passes:.2f}"
+        )
+    auto = Recorded(AdaptiveLength(k_max=8))
+    decode(auto, target, draft, prompts, args.max_new_tokens)
+    modelled = auto.policy.estimates(1)[0]
+    text = text_matches(auto.passes)
+    print(f"auto: acceptance by depth {[round(a, 3) for a in auto.policy.alphas()]}")
+    for k in (1, 3, 5, 7):
+        replayed = tokens_per_pass(text, k)
+        print(f"  k={k}: tokens/pass by the depth model {modelled[k]:.2f}, by the verified text {replayed:.2f}")
+
+
+if __name__ == "__main__":
+    main()
