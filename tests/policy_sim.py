@@ -49,8 +49,9 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
         machine = [m for start, m in machines if start <= n][-1]
         k = policy.choose(machine.batch)
         beta_sums, verified = [0.0] * k, [0] * k
+        texts: dict[int, list[float | None]] = {}  # per row, its acceptance at each position committed
         before = tokens
-        for _ in range(machine.batch):
+        for row in range(machine.batch):
             accepted = 0
             while accepted < k:
                 verified[accepted] += 1
@@ -59,6 +60,7 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
                 beta_sums[accepted] += 1.0
                 accepted += 1
             tokens += accepted + 1
+            texts[row] = [1.0] * accepted + ([0.0] if accepted < k else [None])
         t = machine.seconds[k] * math.exp(machine.noise * rng.gauss(0, 1))
         t *= 10 if rng.random() < machine.stall else 1
         joined_s = 0.0
@@ -69,7 +71,9 @@ def run(policy, machines: list[tuple[int, Machine]], passes: int, seed: int = 0)
             served += committed
             joined += int(served // machine.request_tokens)
             served %= machine.request_tokens
-        policy.observe(k, beta_sums, verified, 0.0, t, machine.batch, k, joined_s=joined_s, committed=committed)
+        policy.observe(
+            k, beta_sums, verified, 0.0, t, machine.batch, k, joined_s=joined_s, committed=committed, texts=texts
+        )
         seconds += t + joined_s
         chosen.append(k)
     return tokens / seconds, chosen

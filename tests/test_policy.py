@@ -24,8 +24,9 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
-from verispec.policy.estimates import Rates
+from verispec.policy.estimates import Rates, TextAcceptance
 from verispec.stats import SpecStats
+from verispec.theory import capped_speedups
 
 
 class Scripted:
@@ -232,8 +233,10 @@ def test_a_float32_beta_just_above_one_is_taken_as_one():
     """beta = sum min(p, q) in float32 reads 1 + 1e-7 for a certain token (a self draft)."""
     policy = AdaptiveLength(k_max=4)
     for _ in range(100):
-        policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1)
-    assert 0.99 < max(policy.alphas()) <= 1.0
+        text = [1.0000001, 1.0000001, None]
+        policy.observe(2, [2.0000001, 2.0000001], [2, 2], 0.02, 0.1, batch=2, committed=6, texts={0: text, 1: text})
+    assert 0.99 < policy.acceptance() <= 1.0
+    assert 2.99 < policy.estimates(2)[0][2] <= 3.0
 
 
 def test_the_first_pass_of_a_shape_is_not_timed_and_the_others_are_by_their_clipped_mean():
@@ -273,18 +276,94 @@ def _share_of_best_on_the_greedy_trace(policy: AdaptiveLength) -> float:
     return replay(policy, MATCHES, ONE_ROW_SECONDS) / best
 
 
+def _fixed_k_walk(text: list[float], k: int) -> tuple[list[list[float]], float]:
+    """Fixed-k greedy passes over a 0/1 text from its start, each while k positions are left: what each pass
+    committed (acceptance per position; None for a bonus) and tokens per pass."""
+    at, passes = 0, []
+    while at + k <= len(text):
+        accepted = next((j for j in range(k) if not text[at + j]), k)
+        passes.append(text[at : at + accepted + 1] if accepted < k else text[at : at + k] + [None])
+        at += accepted + 1
+    return passes, sum(map(len, passes)) / len(passes)
+
+
+def test_fixed_k_passes_laid_over_the_text_give_what_fixed_k_commits():
+    """The built-in pair's greedy matches as one text, committed by passes of k = 7: the estimate for every k
+    equals fixed-k passes laid over the same text, bonus positions (never drafted) at the mean acceptance, and
+    is within 3% of what fixed k commits there."""
+    text = [float(m == "1") for match in MATCHES for m in match]
+    observed, _ = _fixed_k_walk(text, 7)
+    estimate = TextAcceptance(8, 0.7, memory=10**6, horizon=10**9)
+    for at, committed in enumerate(observed):
+        estimate.add(at, {0: committed}, [1.0] * 8)
+    laid, drafted = [], []  # a bonus position counts as the mean of the drafted ones up to its pass
+    for pass_ in observed:
+        drafted += [m for m in pass_ if m is not None]
+        laid += [sum(drafted) / len(drafted) if m is None else m for m in pass_]
+    tokens = estimate.expected(len(observed), [1.0] * 9, 1e-12)
+    for k in range(1, 9):
+        expected = _expected_tokens(laid, k)
+        assert tokens[k] == pytest.approx(expected, rel=1e-6), k
+    walked = [_fixed_k_walk(text, k)[1] for k in range(9)]
+    assert all(abs(t / w - 1) < 0.03 for t, w in zip(tokens[1:], walked[1:])), (tokens, walked)
+
+
+def test_negative_control_acceptance_by_depth_from_long_drafts_misjudges_short_ones():
+    """Acceptance by depth, measured on the same k = 7 passes, misses fixed k = 3's tokens per pass by more."""
+    text = [float(m == "1") for match in MATCHES for m in match]
+    observed, _ = _fixed_k_walk(text, 7)
+    depths = Rates(8, 0.7, 1e-12, memory=10**6, horizon=10**9)
+    for pass_ in observed:
+        drafted = [m for m in pass_ if m is not None]
+        depths.add(0, drafted + [0.0] * (8 - len(drafted)), [1.0] * len(drafted) + [0.0] * (8 - len(drafted)))
+    by_depth = capped_speedups(depths.get(0), [1.0] * 8, 0.0, [1.0] * 9, 8)[0]
+    assert abs(by_depth[3] / _fixed_k_walk(text, 3)[1] - 1) > 0.03
+
+
+def _expected_tokens(text: list[float], k: int) -> float:
+    """Tokens per pass of fixed k over a text of acceptance probabilities, passes started while k positions are
+    left (the recursion TextAcceptance runs incrementally)."""
+    starts, tokens, passes = {0: 1.0}, 0.0, 0.0
+    while starts and min(starts) + k <= len(text):
+        s = min(starts)
+        mass, run = starts.pop(s), 1.0
+        for j in range(k + 1):
+            stop = 1.0 if j == k else 1.0 - text[s + j]
+            starts[s + j + 1] = starts.get(s + j + 1, 0.0) + mass * run * stop
+            tokens += mass * run * stop * (j + 1)
+            run *= 1.0 - stop if j < k else 0.0
+        passes += mass
+    return tokens / passes
+
+
 def test_acceptance_that_varies_between_requests_does_not_pull_to_long_drafts():
-    """Acceptance differs between requests, and deep positions are observed only while long drafts run, which
-    the policy picks after requests that accepted much: shrunk toward the acceptance pooled over positions,
-    those few observations do not decide, and the policy serves 99% of the best fixed k."""
+    """Acceptance differs between requests, and by draft depth under different k (a long draft's passes start
+    after a rejection more often): laid over the text the passes verified, fixed-k passes predict each k's tokens
+    per pass whatever k ran, and the policy serves 99% of the best fixed k."""
     assert _share_of_best_on_the_greedy_trace(AdaptiveLength(k_max=8)) >= 0.99
 
 
-def test_negative_control_per_position_acceptance_that_borrows_the_position_before_loses_more():
-    policy = AdaptiveLength(k_max=8)
-    s = policy.settings
-    policy.acceptance = Rates(8, s.prior_alpha, s.prior_betas, s.memory, s.horizon)  # no pooling
-    assert _share_of_best_on_the_greedy_trace(policy) < 0.99
+class _ByDepth(AdaptiveLength):
+    """Tokens per pass from acceptance by draft depth, each depth from the passes that reached it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        s = self.settings
+        self.depths = Rates(self.k_max, s.prior_alpha, s.prior_passes, s.memory, s.horizon)
+
+    def observe(self, k, beta_sums, verified, *args, **kwargs) -> None:
+        super().observe(k, beta_sums, verified, *args, **kwargs)
+        if k > 0:
+            self.depths.add(self.passes, list(beta_sums[:k]), [float(n) for n in verified[:k]])
+
+    def estimates(self, batch: int = 1):
+        _, seconds, uncertainty = super().estimates(batch)
+        alphas, ones = self.depths.get(self.passes), [1.0] * (self.k_max + 1)
+        return capped_speedups(alphas, self.continues(batch), 0.0, ones, self.k_max)[0], seconds, uncertainty
+
+
+def test_negative_control_acceptance_by_draft_depth_loses_more():
+    assert _share_of_best_on_the_greedy_trace(_ByDepth(k_max=8)) < 0.99
 
 
 def _reading_joined_requests() -> Machine:

@@ -611,9 +611,7 @@ def test_auto_is_calibrated_before_the_first_request_and_serves_the_same_tokens(
         assert set(policy.shape.target) == {b * (k + 1) for b in (1, 2, 4) for k in range(5)}
         assert set(policy.shape.draft) == {(b, k) for b in (1, 2, 4) for k in range(1, 5)}
         assert policy.passes == 0  # no request yet: nothing timed in service
-        assert policy.alphas() == pytest.approx(
-            [0.7] * 4
-        )  # acceptance untouched: the calibration's text is not the users'
+        assert policy.acceptance() == 0.7 and not policy.text.rows  # the calibration's text is not the users'
         got = _post(handle.url, {"model": "pair", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).json()
         assert "choices" in got, got
         assert got["choices"][0]["text"] == _plain(pair, PROMPTS[0], 24)

@@ -397,6 +397,7 @@ class Batch:
         chunk: dict = {}
         finished: list[int] = []  # rows that stop at this step
         beta_sums, verified, committed = [0.0] * k, [0] * k, 0  # over active rows, for the policy
+        texts: dict = {}  # per row id, the acceptance at each position it commits (None: not drafted)
         for row, (tokens, n, beta_row, request) in enumerate(zip(done.tokens, accepted, done.beta, self.requests)):
             if not self.active[row]:
                 continue
@@ -406,6 +407,7 @@ class Batch:
                 verified[i] += 1
             params = sampling.params[row]
             committed += len(tokens)
+            texts[self.ids[row]] = [float(b) for b in beta_row[: min(n + 1, k)]] + [None] * (n == k)
             tokens, reason = _cut(tokens, params.max_new_tokens - request.generated_tokens, params.stop_token_ids)
             request.generated_tokens += len(tokens)
             request.finish_reason = reason
@@ -425,7 +427,7 @@ class Batch:
         self.stepper.commit(accepted, self.pending, live)
         self._leave(finished)
         target_s = time.perf_counter() - t1
-        policy.observe(k, beta_sums, verified, t1 - t0, target_s, rows_now, cap, joined_s=joined_s, committed=committed)
+        policy.observe(k, beta_sums, verified, t1 - t0, target_s, rows_now, cap, joined_s, committed, texts)
         return chunk
 
     def close(self) -> None:

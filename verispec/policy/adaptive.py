@@ -2,9 +2,10 @@
 
 Before each iteration of B rows it asks `decision.choose_k` for the k in 0..k_max with the highest
 optimistic throughput, from:
-- tokens[k]: expected tokens per row and pass at k (theory.capped_speedups), from acceptance per draft
-  position and the chance a draft goes on past each position (`estimates.Rates`);
-- seconds[k] and its uncertainty: the median of the recent passes at (B, k) where there are some
+- tokens[k]: expected tokens per row and pass at fixed k, laid over the text the recent passes committed
+  (`estimates.TextAcceptance`, with the chance a draft goes on past each position, `estimates.Rates`),
+  shrunk toward theory.capped_speedups at `prior_alpha`;
+- seconds[k] and its uncertainty: the clipped mean of the recent passes at (B, k) where there are some
   (`estimates.Times`: uncertainty = spread / sqrt(n), at least `spread_floor` / sqrt(n)); else the cost
   model's prediction, fitted to the times measured lately at B (to older ones where there are none
   lately): a calibration's shape (corrected per k by recent passes at any batch size), else a line over
@@ -27,17 +28,16 @@ from dataclasses import dataclass, field
 
 from ..theory import capped_speedups
 from .decision import choose_k
-from .estimates import CostShape, Rates, Times
+from .estimates import CostShape, Rates, TextAcceptance, Times
 
 
 @dataclass(frozen=True)
 class PolicySettings:
     """What `AdaptiveLength` assumes and how long it remembers; validated on construction."""
 
-    prior_alpha: float = 0.7  # acceptance at a draft position before any evidence, and where old evidence fades to
-    prior_betas: float = 2.0  # that prior counts as this many verified positions
-    pooled_betas: float = 10.0  # a position's acceptance is shrunk toward all positions' pooled, worth this many
-    memory: int = 400  # acceptance is measured over the last `memory` drafting passes
+    prior_alpha: float = 0.7  # acceptance at a text position before any evidence, and where old evidence fades to
+    prior_passes: float = 2.0  # tokens per pass from that prior count as this many passes
+    memory: int = 400  # acceptance is measured over the last `memory` passes
     window: int = 9  # an iteration's time is the clipped mean of the last `window` timed passes at (batch, k)
     horizon: int = 400  # passes after which evidence is dropped (so a k left alone is measured again)
     spread_floor: float = 0.05  # the least relative spread of one timed pass
@@ -47,8 +47,7 @@ class PolicySettings:
     def __post_init__(self) -> None:
         checks = {
             "prior_alpha": 0 < self.prior_alpha <= 1,
-            "prior_betas": self.prior_betas > 0,
-            "pooled_betas": self.pooled_betas > 0,
+            "prior_passes": self.prior_passes > 0,
             "memory": isinstance(self.memory, int) and self.memory >= 1,
             "window": isinstance(self.window, int) and self.window >= 1,
             "horizon": isinstance(self.horizon, int) and self.horizon >= 1,
@@ -83,7 +82,7 @@ class AdaptiveLength:
         if not isinstance(self.prior_batch, int) or self.prior_batch < 1:
             raise ValueError(f"prior_batch must be an integer >= 1, got {self.prior_batch!r}")
         s = self.settings
-        self.acceptance = Rates(self.k_max, s.prior_alpha, s.prior_betas, s.memory, s.horizon, s.pooled_betas)
+        self.text = TextAcceptance(self.k_max, s.prior_alpha, s.memory, s.horizon)
         self.goes_on: dict[int, Rates] = {}  # by batch size: does a draft allowed past position i propose it
         self.times = Times(s.window, s.horizon)
         self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's
@@ -94,9 +93,11 @@ class AdaptiveLength:
 
     # ---- estimates
 
-    def alphas(self) -> list[float]:
-        """Acceptance per draft position (conditional on the positions before it being accepted)."""
-        return self.acceptance.get(self.passes)
+    def acceptance(self) -> float:
+        """The mean acceptance of the drafted text positions lately (the prior where there are none)."""
+        self.text.expected(self.passes, [1.0] * (self.k_max + 1), 1.0)  # drops what is past the horizon
+        beta, n = self.text.drafted
+        return beta / n if n > 0 else self.settings.prior_alpha
 
     def continues(self, batch: int = 1) -> list[float]:
         """Per position i, the chance that a draft allowed past i tokens, having proposed i, proposes one more.
@@ -114,7 +115,9 @@ class AdaptiveLength:
     def estimates(self, batch: int = 1) -> tuple[list[float], list[float], list[float]]:
         """(tokens, seconds, uncertainty) for k = 0..k_max at this batch size: the decision's inputs."""
         s = self.settings
-        tokens = capped_speedups(self.alphas(), self.continues(batch), 0.0, [1.0] * (self.k_max + 1), self.k_max)[0]
+        goes_on, prior = self.continues(batch), [s.prior_alpha] * self.k_max
+        prior_tokens = capped_speedups(prior, goes_on, 0.0, [1.0] * (self.k_max + 1), self.k_max)[0]
+        tokens = self.text.expected(self.passes, prior_tokens, s.prior_passes)
         seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
         fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]
         predicted, prior_u = self._predicted_seconds(batch, fresh or [(k, m[0]) for k, m in enumerate(seen) if m])
@@ -180,6 +183,7 @@ class AdaptiveLength:
         cap: int | None = None,
         joined_s: float = 0.0,
         committed: int = 0,
+        texts: dict | None = None,
     ) -> None:
         cap = k if cap is None else min(max(cap, k), self.k_max)
         if (batch, cap) in self._shapes:  # the first pass of a shape sizes buffers: not timed
@@ -190,14 +194,17 @@ class AdaptiveLength:
         self.passes += 1
         if cap > 0:  # did the draft go on past each position it was allowed past
             goes_on = self.goes_on.setdefault(
-                batch, Rates(self.k_max, 1.0, self.settings.prior_betas, self.settings.memory, self.settings.horizon)
+                batch, Rates(self.k_max, 1.0, self.settings.prior_passes, self.settings.memory, self.settings.horizon)
             )
             went = min(k + 1, cap)
             goes_on.add(self.passes, [float(i < k) for i in range(went)], [1.0] * went)
         if cap > 0:
             self._joins.append((joined_s, committed))
-        if k > 0:
-            self.acceptance.add(self.passes, list(beta_sums[:k]), [float(n) for n in verified[:k]])
+        if texts is None and batch == 1 and committed:  # one row: its text follows from the sums
+            betas = [b / n for b, n in zip(beta_sums[:k], verified[:k]) if n]
+            texts = {0: betas[:committed] + [None] * (committed - len(betas[:committed]))}
+        if texts is not None:
+            self.text.add(self.passes, texts, self.continues(batch))
 
     def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
         """A calibration (profile.calibrate): t_target by the positions of a pass, t_draft by (batch, k).

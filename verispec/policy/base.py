@@ -26,12 +26,14 @@ class DraftLengthPolicy(Protocol):
         cap: int | None = None,
         joined_s: float = 0.0,
         committed: int = 0,
+        texts: dict | None = None,
     ) -> None:
         """After an iteration of `batch` rows that proposed k tokens: per draft position, the sum of beta over
         the rows' verified positions and their number; the seconds spent drafting and the rest; cap: the draft
         length chosen for it (None: k), of which a draft may propose fewer; joined_s: the seconds the draft
         spent reading rows that joined since it last drafted (not in draft_s: a cost per request, not per
-        pass); committed: the tokens the iteration committed over its rows."""
+        pass); committed: the tokens the iteration committed over its rows; texts: per row id, the acceptance
+        (sum min(p, q)) at each text position the row committed, None where nothing was drafted."""
 
 
 @dataclass
@@ -61,5 +63,6 @@ class FixedLength:
         cap: int | None = None,
         joined_s: float = 0.0,
         committed: int = 0,
+        texts: dict | None = None,
     ) -> None:
         pass

@@ -1,8 +1,9 @@
 """What the adaptive policy measures, each estimate with its uncertainty.
 
-- `Rates`: a probability per draft position (acceptance, or whether a draft goes on past a
-  position) over the last `memory` passes that observed it, so that it follows a changing workload;
-  acceptance at a position is shrunk toward the acceptance pooled over all positions.
+- `TextAcceptance`: expected tokens per pass at each fixed k, from fixed-k passes laid over the text the
+  recent passes committed (acceptance belongs to text positions, whatever k ran).
+- `Rates`: a probability per draft position (whether a draft goes on past a position) over the last
+  `memory` passes that observed it, so that it follows a changing workload.
 - `Times`: an iteration's seconds by (batch size, k), the mean of the last `window` passes (each clipped
   at twice their median), with a robust relative spread.
 Evidence older than `horizon` passes is dropped: a k whose time is that old is predicted by the cost model
@@ -22,26 +23,11 @@ from collections import deque
 
 class Rates:
     """Per position i: observed total / count over the last `memory` passes that observed anything, dropped
-    once older than `horizon` passes, shrunk toward a prior that counts as `prior_weight` observations.
+    once older than `horizon` passes, shrunk toward a prior that counts as `prior_weight` observations: the
+    estimate at position i - 1 (`prior` at position 0)."""
 
-    The prior of position i is the estimate at position i - 1 (`prior` at position 0), or, with `pooled_weight`,
-    the rate pooled over every position (itself shrunk toward `prior`), counting as that many observations.
-    Pooling suits acceptance: a deep position
-    is observed only when long drafts ran, which the policy chooses when acceptance was high lately, so its few
-    observations describe a better moment than the shallow positions' many; shrunk toward the pooled rate it
-    carries only as much of that as its evidence supports."""
-
-    def __init__(
-        self,
-        positions: int,
-        prior: float,
-        prior_weight: float,
-        memory: int,
-        horizon: int,
-        pooled_weight: float | None = None,
-    ):
+    def __init__(self, positions: int, prior: float, prior_weight: float, memory: int, horizon: int):
         self.prior, self.prior_weight, self.memory, self.horizon = prior, prior_weight, memory, horizon
-        self.pooled_weight = pooled_weight
         self.sums, self.counts = [0.0] * positions, [0.0] * positions
         self._passes: deque[tuple[int, list[float], list[float]]] = deque()  # (at, totals, counts) per pass
 
@@ -55,13 +41,10 @@ class Rates:
     def get(self, now: int) -> list[float]:
         while self._passes and now - self._passes[0][0] > self.horizon:
             self._drop()
-        pooled = (sum(self.sums) + self.prior * self.prior_weight) / (max(sum(self.counts), 0.0) + self.prior_weight)
-        weight = self.prior_weight if self.pooled_weight is None else self.pooled_weight
         out: list[float] = []
         for s, n in zip(self.sums, self.counts):
             before = out[-1] if out else self.prior
-            before = before if self.pooled_weight is None else pooled
-            out.append(min(max((s + before * weight) / (max(n, 0.0) + weight), 0.0), 1.0))
+            out.append(min(max((s + before * self.prior_weight) / (max(n, 0.0) + self.prior_weight), 0.0), 1.0))
         return out
 
     def _drop(self) -> None:
@@ -72,6 +55,100 @@ class Rates:
         for i, (s, n) in enumerate(zip(totals, counts)):
             self.sums[i] += sign * s
             self.counts[i] += sign * n
+
+
+class _Text:
+    """One row's text as the passes laid over it see it: acceptance by absolute position (None: not drafted) from
+    `offset`, and per k the chance that a fixed-k pass starts at each position not yet passed."""
+
+    def __init__(self, k_max: int):
+        self.offset, self.text = 0, []
+        self.starts: list[dict[int, float]] = [{0: 1.0} for _ in range(k_max + 1)]
+
+    def trim(self) -> None:
+        first = min((min(starts) for starts in self.starts[1:] if starts), default=self.offset + len(self.text))
+        del self.text[: first - self.offset]
+        self.offset = first
+
+
+class TextAcceptance:
+    """Expected tokens a row commits per pass at each fixed k = 0..k_max, from the acceptance at the text positions
+    its recent passes committed.
+
+    The acceptance of a draft token at text position t, beta_t = sum min(p_t, q_t), is fixed by the text before t
+    whatever k is (the draft's context at t is that text), and the committed text is distributed as the target's
+    whatever k is (the rule is exact). So fixed-k passes laid over each row's recent text predict what fixed k
+    commits per pass, for every k, from passes run at any mix of k: a pass from s accepts position s + j with
+    beta_{s+j} while the draft goes on past j (`continues`), up to k, commits one token more, and the next pass
+    starts after them. Acceptance by draft depth pooled over the k that ran does not predict this: a long draft's
+    passes start right after a rejection more often, where text is harder. A position where nothing was drafted
+    (a bonus token, a plain pass) counts as the mean of the drafted ones lately (`prior` before any). A row's
+    passes are laid as soon as the positions they need are known; their tokens and count are kept over the last
+    `memory` passes and dropped past `horizon`. At most `follow` rows are followed at a time (each as long as it
+    runs): the text's acceptance is a mean over positions, which a few rows sample well, and laying passes costs
+    Python per row."""
+
+    follow = 4
+
+    def __init__(self, k_max: int, prior: float, memory: int, horizon: int):
+        self.k_max, self.prior, self.memory, self.horizon = k_max, prior, memory, horizon
+        self.rows: dict[object, _Text] = {}
+        self.tokens, self.passes = [0.0] * (k_max + 1), [0.0] * (k_max + 1)  # over the kept passes, by k
+        self.drafted = [0.0, 0.0]  # sum of beta and count of drafted positions over the kept passes
+        self._kept: deque[tuple[int, list[float], list[float], list[float]]] = deque()
+
+    def add(self, at: int, texts: dict, continues: list[float]) -> None:
+        """One pass: per row id, the acceptance at each position it committed (None where nothing was drafted);
+        rows absent have left."""
+        for gone in set(self.rows) - set(texts):
+            del self.rows[gone]
+        for row_id in texts:
+            if len(self.rows) < self.follow:
+                self.rows.setdefault(row_id, _Text(self.k_max))
+        texts = {row_id: text for row_id, text in texts.items() if row_id in self.rows}
+        tokens, passes = [0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)
+        known = [b for text in texts.values() for b in text if b is not None]
+        drafted = [float(sum(min(max(b, 0.0), 1.0) for b in known)), float(len(known))]
+        self.drafted = [a + b for a, b in zip(self.drafted, drafted)]  # the fill below sees this pass's too
+        fill = self.drafted[0] / self.drafted[1] if self.drafted[1] > 0 else self.prior
+        for row_id, text in texts.items():
+            row = self.rows[row_id]
+            row.text += [fill if b is None else min(max(b, 0.0), 1.0) for b in text]
+            for k in range(1, self.k_max + 1):
+                tokens[k], passes[k] = self._lay(row, k, continues, tokens[k], passes[k])
+            row.trim()
+        self.tokens = [t + n for t, n in zip(self.tokens, tokens)]
+        self.passes = [p + n for p, n in zip(self.passes, passes)]
+        self._kept.append((at, tokens, passes, drafted))
+        while len(self._kept) > self.memory or (self._kept and at - self._kept[0][0] > self.horizon):
+            self._drop()
+
+    def expected(self, now: int, prior: list[float], prior_passes: float) -> list[float]:
+        """Tokens per pass at k = 0..k_max, shrunk toward `prior` as if it were `prior_passes` passes."""
+        while self._kept and now - self._kept[0][0] > self.horizon:
+            self._drop()
+        w = prior_passes
+        return [1.0] + [(t + e * w) / (n + w) for t, n, e in zip(self.tokens[1:], self.passes[1:], prior[1:])]
+
+    def _lay(self, row: _Text, k: int, continues: list[float], tokens: float, passes: float) -> tuple[float, float]:
+        starts, end = row.starts[k], row.offset + len(row.text)
+        while starts and min(starts) + k <= end:
+            s = min(starts)
+            mass, run, committed = starts.pop(s), 1.0, 0.0
+            for j in range(k):
+                go = continues[j] * row.text[s + j - row.offset]
+                starts[s + j + 1] = starts.get(s + j + 1, 0.0) + mass * run * (1.0 - go)
+                committed += run * (1.0 - go) * (j + 1)
+                run *= go
+            starts[s + k + 1] = starts.get(s + k + 1, 0.0) + mass * run
+            tokens, passes = tokens + mass * (committed + run * (k + 1)), passes + mass
+        return tokens, passes
+
+    def _drop(self) -> None:
+        _, tokens, passes, drafted = self._kept.popleft()
+        self.tokens = [a - b for a, b in zip(self.tokens, tokens)]
+        self.passes = [a - b for a, b in zip(self.passes, passes)]
+        self.drafted = [a - b for a, b in zip(self.drafted, drafted)]
 
 
 class Times:
