@@ -25,6 +25,7 @@ from verispec.llamacpp import GGUFTokenizer, LlamaCppModel
 from verispec.models.gguf_convert import cached_gguf
 from verispec.pair import DRAFT_DIR, TARGET_DIR
 from verispec.policy import AdaptiveLength, FixedLength
+from verispec.policy.estimates import TextAcceptance
 from verispec.theory import capped_speedups
 
 
@@ -75,23 +76,14 @@ def text_matches(passes) -> list[float | None]:
     return text
 
 
-def tokens_per_pass(text: list[float | None], k: int) -> float:
-    """Fixed-k passes laid over the text from its start: committed tokens over passes."""
-    known = [m for m in text if m is not None]
-    fill = sum(known) / len(known)
-    expected = [fill if m is None else m for m in text]
-    # passes[s]: expected passes to cover text[s:] (a pass from s accepts j with probability
-    # prod(expected[s:s+j]) * (1 - expected[s+j]), all k with prod(expected[s:s+k]); then moves j + 1)
-    passes = [0.0] * (len(text) + k + 2)
-    for s in range(len(text) - 1, -1, -1):
-        total, run = 1.0, 1.0
-        for j in range(k):
-            if s + j >= len(text):
-                break
-            total += run * (1 - expected[s + j]) * passes[s + j + 1]
-            run *= expected[s + j]
-        passes[s] = total + run * passes[min(s + k + 1, len(passes) - 1)]
-    return len(text) / passes[0]
+def laid_over_text(passes) -> list[float]:
+    """Tokens per pass at k = 0..8 by fixed-k passes laid over the whole run's verified text: the policy's
+    `TextAcceptance`, remembering every pass."""
+    text = TextAcceptance(8, 0.7, memory=len(passes), horizon=len(passes))
+    for at, (k, betas) in enumerate(passes):
+        n = next((i for i, b in enumerate(betas) if not b), len(betas))
+        text.add(at, {0: betas[: n + 1] if n < len(betas) else betas + [None]}, [1.0] * 8)
+    return text.expected(len(passes), [1.0] * 9, 1e-9)
 
 
 def main() -> None:
@@ -118,11 +110,11 @@ def main() -> None:
     depths += [depths[-1]] * (8 - len(depths))
     by_depths = capped_speedups(depths, [1.0] * 8, 0.0, [1.0] * 9, 8)[0]
     policy = auto.policy.estimates(1)[0]
-    text = text_matches(auto.passes)
+    laid = laid_over_text(auto.passes)
     print(f"auto: acceptance by depth {[round(a, 3) for a in depths]}")
     for k in (1, 3, 5, 7):
         print(
-            f"  k={k}: tokens/pass by depth {by_depths[k]:.2f}, by the verified text {tokens_per_pass(text, k):.2f}, "
+            f"  k={k}: tokens/pass by depth {by_depths[k]:.2f}, by the verified text {laid[k]:.2f}, "
             f"by the policy (its last {auto.policy.settings.memory} passes) {policy[k]:.2f}"
         )
 

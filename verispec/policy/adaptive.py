@@ -95,9 +95,7 @@ class AdaptiveLength:
 
     def acceptance(self) -> float:
         """The mean acceptance of the drafted text positions lately (the prior where there are none)."""
-        self.text.expected(self.passes, [1.0] * (self.k_max + 1), 1.0)  # drops what is past the horizon
-        beta, n = self.text.drafted
-        return beta / n if n > 0 else self.settings.prior_alpha
+        return self.text.mean(self.passes)
 
     def continues(self, batch: int = 1) -> list[float]:
         """Per position i, the chance that a draft allowed past i tokens, having proposed i, proposes one more.

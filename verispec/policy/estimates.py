@@ -110,7 +110,7 @@ class TextAcceptance:
         known = [b for text in texts.values() for b in text if b is not None]
         drafted = [float(sum(min(max(b, 0.0), 1.0) for b in known)), float(len(known))]
         self.drafted = [a + b for a, b in zip(self.drafted, drafted)]  # the fill below sees this pass's too
-        fill = self.drafted[0] / self.drafted[1] if self.drafted[1] > 0 else self.prior
+        fill = self.mean(at)
         for row_id, text in texts.items():
             row = self.rows[row_id]
             row.text += [fill if b is None else min(max(b, 0.0), 1.0) for b in text]
@@ -125,10 +125,19 @@ class TextAcceptance:
 
     def expected(self, now: int, prior: list[float], prior_passes: float) -> list[float]:
         """Tokens per pass at k = 0..k_max, shrunk toward `prior` as if it were `prior_passes` passes."""
-        while self._kept and now - self._kept[0][0] > self.horizon:
-            self._drop()
+        self.forget(now)
         w = prior_passes
         return [1.0] + [(t + e * w) / (n + w) for t, n, e in zip(self.tokens[1:], self.passes[1:], prior[1:])]
+
+    def mean(self, now: int) -> float:
+        """The mean acceptance of the drafted positions kept (`prior` where there are none)."""
+        self.forget(now)
+        return self.drafted[0] / self.drafted[1] if self.drafted[1] > 0 else self.prior
+
+    def forget(self, now: int) -> None:
+        """Drop the passes older than `horizon`."""
+        while self._kept and now - self._kept[0][0] > self.horizon:
+            self._drop()
 
     def _lay(self, row: _Text, k: int, continues: list[float], tokens: float, passes: float) -> tuple[float, float]:
         starts, end = row.starts[k], row.offset + len(row.text)

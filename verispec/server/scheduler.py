@@ -132,8 +132,8 @@ class Scheduler:
         """Start the loop's thread and return once it is ready: with `--k auto` it first
         calibrates (passes at every batch size and k, timed before any request:
         analysis.profile.calibrate). The calibration runs on the loop's own thread, as every later pass
-        does: llama.cpp's OpenMP keeps a team of threads per calling thread, and passes after a
-        calibration on another thread ran about 10% slower at one row (two teams on the cores)."""
+        does: llama.cpp's OpenMP keeps a team of threads per calling thread, and a calibration on another
+        thread would leave a second team contending for the cores with every later pass."""
         self._thread.start()
         self._ready.wait()
         if self.error is not None:
