@@ -435,3 +435,42 @@ def test_a_calibration_that_flatters_drafting_is_corrected_by_the_passes_served(
 def test_negative_control_without_the_correction_the_flattering_calibration_decides(monkeypatch):
     monkeypatch.setattr(AdaptiveLength, "drift", lambda self: ([1.0] * (self.k_max + 1), [True] * (self.k_max + 1)))
     assert _optimistic_calibration_run(AdaptiveLength(k_max=K_MAX)) < 0.95
+
+
+PROFILE_R = [1.0, 0.97, 1.16, 1.22, 1.45, 1.6, 1.8, 2.0, 2.2]  # r(1..9) as `verispec profile` measures on f32
+
+
+def _after_acceptance_collapses(policy: AdaptiveLength) -> tuple[list[float], int]:
+    """Times measured at k = 3 and 4 only, k = 4's 10% lower by noise (24 and 21.6 ms), every draft accepted;
+    then 500 passes at k = 3 and 4 where nothing is accepted: (the seconds predicted at k = 0..k_max, the
+    choice)."""
+    for n in range(524):
+        k, accepted = 3 + n % 2, float(n < 24)
+        policy.observe(k, [accepted] * k, [1] * k, 0.0, 0.024 if k == 3 else 0.0216, committed=1 + int(accepted) * k)
+    return policy.estimates(1)[1], policy.choose(1)
+
+
+def test_a_draft_that_stops_paying_is_left_whatever_noise_measured_at_neighbouring_k():
+    """A longer draft never costs less: the times predicted for draft lengths not measured follow the profile's
+    shape through the measured ones (plain at least 25% cheaper than k = 3, by r and c) and grow with k, so
+    when acceptance collapses the policy goes back to plain decoding. Without a profile the line over k is held
+    flat where it falls."""
+    seconds, choice = _after_acceptance_collapses(AdaptiveLength(k_max=K_MAX, prior_c=0.18, prior_r=PROFILE_R))
+    assert choice == 0 and seconds[0] < 0.75 * min(seconds[3:5])
+    assert seconds[:3] == sorted(seconds[:3]) and seconds[5:] == sorted(seconds[5:])
+    seconds, _ = _after_acceptance_collapses(AdaptiveLength(k_max=K_MAX))
+    assert seconds[:3] == sorted(seconds[:3]) and seconds[5:] == sorted(seconds[5:])
+
+
+def test_negative_control_a_line_through_two_noisy_neighbours_keeps_drafting(monkeypatch):
+    """The least-squares line through the times at k = 3 and 4, also with a profile and not held flat: it
+    falls, predicts plain dearer than any draft, and the policy keeps drafting tokens nobody accepts."""
+
+    def line(self, batch, known):
+        mean_k, mean_t = (sum(x) / len(known) for x in zip(*known))
+        slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
+        return [mean_t + slope * (k - mean_k) for k in range(self.k_max + 1)], [0.05] * (self.k_max + 1)
+
+    monkeypatch.setattr(AdaptiveLength, "_predicted_seconds", line)
+    seconds, choice = _after_acceptance_collapses(AdaptiveLength(k_max=K_MAX, prior_c=0.18, prior_r=PROFILE_R))
+    assert choice > 0 and seconds[0] > max(seconds[3:5])

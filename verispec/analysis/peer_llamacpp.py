@@ -2,7 +2,8 @@
 
 Owns `run_llamacpp_peer_bench`. Batch 1, the same prompts, every system on each (prompt, seed) pair
 in turn (seeds outer, prompts inner: so that drift over a round lands on all of them alike, and a
-suffix corpus spans one seed's prompts), rounds repeated; per system and pair the median over rounds
+suffix corpus and `--k auto`'s policy span one seed's prompts, as a process serving them keeps
+one), rounds repeated; per system and pair the median over rounds
 of decode-only tokens/s (report: `peer_report`):
 - verispec plain and verispec speculative at each draft length in `ks` (an int or "auto"; the
   draft model, or prompt lookup with `draft_path=None`), on llama.cpp (`LlamaCppModel`):
@@ -192,6 +193,8 @@ def run_llamacpp_peer_bench(
         )
 
     def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None):
+        policies: list[AdaptiveLength] = []  # with k = "auto": one policy per seed's round, as a process keeps one
+
         def run(i: int, seed: int) -> dict:
             drafter = (
                 None
@@ -204,7 +207,9 @@ def run_llamacpp_peer_bench(
                 if i == 0:
                     lookup.clear_corpus()
                 drafter = lookup if draft is None else CombinedDrafter(lookup, drafter)
-            policy = AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r) if k == "auto" else k
+            if k == "auto" and (i == 0 or not policies):
+                policies[:] = [AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r)]
+            policy = policies[0] if k == "auto" else k
             models = [target] + ([draft] if isinstance(drafter, (ModelDrafter, CombinedDrafter)) else [])
             inside_before, target_before = sum(m.forward_compute_s for m in models), target.forward_compute_s
             stats, proposal = SpecStats(), _proposal(drafter)

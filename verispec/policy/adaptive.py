@@ -8,8 +8,8 @@ optimistic throughput, from:
 - seconds[k] and its uncertainty: the clipped mean of the recent passes at (B, k) where there are some
   (`estimates.Times`: uncertainty = spread / sqrt(n), at least `spread_floor` / sqrt(n)); else the cost
   model's prediction, fitted to the times measured lately at B (to older ones where there are none
-  lately): a calibration's shape (corrected per k by recent passes at any batch size), else a line over
-  k, else the profile's shape (theory's r(k+1) + k c), uncertain by `prior_uncertainty`
+  lately): a calibration's shape (corrected per k by recent passes at any batch size), else the profile's
+  shape (theory's r(k+1) + k c), else a line over k held flat where it falls, uncertain by `prior_uncertainty`
   (`default_uncertainty` where only the default shape is known, or a calibration's error for that kind
   of pass, plain or drafting, has not been measured lately).
 The draft's reading of rows that joined is a cost per request, the same for every k > 0 and none at
@@ -21,6 +21,7 @@ not timed (llama.cpp sizes its buffers there).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -87,7 +88,8 @@ class AdaptiveLength:
         self.times = Times(s.window, s.horizon)
         self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's
         self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
-        self._joins: deque[tuple[float, int]] = deque(maxlen=s.memory)  # (joined_s, committed) per drafting pass
+        self._joins: deque[tuple[float, int]] = deque()  # (joined_s, committed) per drafting pass, the last `memory`
+        self._joined = [0.0, 0]  # their sums
         self.passes = 0
         self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
 
@@ -107,14 +109,14 @@ class AdaptiveLength:
 
     def join_cost(self) -> float:
         """Seconds per committed token the draft spends reading rows that joined, over the recent drafting passes."""
-        tokens = sum(c for _, c in self._joins)
-        return sum(j for j, _ in self._joins) / tokens if tokens else 0.0
+        joined_s, tokens = self._joined
+        return max(joined_s, 0.0) / tokens if tokens else 0.0
 
     def estimates(self, batch: int = 1) -> tuple[list[float], list[float], list[float]]:
         """(tokens, seconds, uncertainty) for k = 0..k_max at this batch size: the decision's inputs."""
         s = self.settings
-        goes_on, prior = self.continues(batch), [s.prior_alpha] * self.k_max
-        prior_tokens = capped_speedups(prior, goes_on, 0.0, [1.0] * (self.k_max + 1), self.k_max)[0]
+        goes_on = self.continues(batch)
+        prior_tokens = _prior_tokens(s.prior_alpha, tuple(goes_on))
         tokens = self.text.expected(self.passes, prior_tokens, s.prior_passes)
         seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
         fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]
@@ -130,14 +132,16 @@ class AdaptiveLength:
     def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
         """Seconds at k = 0..k_max by the cost model, fitted to the (k, seconds) known at this batch size, and
         their uncertainty: a calibration's times, corrected per k by how recent passes at any batch size ran
-        against them (`drift`), then scaled to the known ones; else the least-squares line over k through
-        them (two or more); else the profile's or the default shape, scaled to them."""
+        against them (`drift`), then scaled to the known ones; else a profile's shape scaled to them; else (the
+        default shape only) the least-squares line over k through them (two or more), held flat where it falls:
+        a longer draft never costs less, and two noisy times at neighbouring k must not make plain look dear;
+        else the default shape scaled to them."""
         s = self.settings
-        if self.shape.source != "calibration" and len({k for k, _ in known}) >= 2:
+        if self.shape.source == "default" and len({k for k, _ in known}) >= 2:
             mean_k = sum(k for k, _ in known) / len(known)
             mean_t = sum(t for _, t in known) / len(known)
             slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
-            line = [max(mean_t + slope * (k - mean_k), 1e-9) for k in range(self.k_max + 1)]
+            line = [max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-9) for k in range(self.k_max + 1)]
             return line, [s.prior_uncertainty] * len(line)
         shape = self.shape.seconds(batch)
         prior_u = [s.default_uncertainty if self.shape.source == "default" else s.prior_uncertainty] * len(shape)
@@ -198,6 +202,10 @@ class AdaptiveLength:
             goes_on.add(self.passes, [float(i < k) for i in range(went)], [1.0] * went)
         if cap > 0:
             self._joins.append((joined_s, committed))
+            self._joined = [self._joined[0] + joined_s, self._joined[1] + committed]
+            if len(self._joins) > self.settings.memory:
+                old_s, old_tokens = self._joins.popleft()
+                self._joined = [self._joined[0] - old_s, self._joined[1] - old_tokens]
         if texts is None and batch == 1 and committed:  # one row: its text follows from the sums
             betas = [b / n for b, n in zip(beta_sums[:k], verified[:k]) if n]
             texts = {0: betas[:committed] + [None] * (committed - len(betas[:committed]))}
@@ -208,3 +216,10 @@ class AdaptiveLength:
         """A calibration (profile.calibrate): t_target by the positions of a pass, t_draft by (batch, k).
         It becomes the prior shape of an iteration's time; acceptance is untouched."""
         self.shape.seed(target, draft)
+
+
+@functools.lru_cache(maxsize=256)
+def _prior_tokens(alpha: float, goes_on: tuple[float, ...]) -> tuple[float, ...]:
+    """Tokens per pass at k = 0..k_max before any text: theory's at acceptance `alpha` at every position."""
+    k_max = len(goes_on)
+    return tuple(capped_speedups([alpha] * k_max, list(goes_on), 0.0, [1.0] * (k_max + 1), k_max)[0])

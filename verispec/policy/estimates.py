@@ -140,17 +140,22 @@ class TextAcceptance:
             self._drop()
 
     def _lay(self, row: _Text, k: int, continues: list[float], tokens: float, passes: float) -> tuple[float, float]:
-        starts, end = row.starts[k], row.offset + len(row.text)
-        while starts and min(starts) + k <= end:
-            s = min(starts)
-            mass, run, committed = starts.pop(s), 1.0, 0.0
+        starts, text, offset = row.starts[k], row.text, row.offset
+        end, s = offset + len(text), min(starts, default=0)
+        while starts and s + k <= end:  # s: the earliest start not yet laid (every start is at s or after)
+            mass = starts.pop(s, 0.0)
+            s += 1
+            if not mass:
+                continue
+            run, committed, at = mass, 0.0, s - 1 - offset
             for j in range(k):
-                go = continues[j] * row.text[s + j - row.offset]
-                starts[s + j + 1] = starts.get(s + j + 1, 0.0) + mass * run * (1.0 - go)
-                committed += run * (1.0 - go) * (j + 1)
+                go = continues[j] * text[at + j]
+                stop = run * (1.0 - go)
+                starts[s + j] = starts.get(s + j, 0.0) + stop
+                committed += stop * (j + 1)
                 run *= go
-            starts[s + k + 1] = starts.get(s + k + 1, 0.0) + mass * run
-            tokens, passes = tokens + mass * (committed + run * (k + 1)), passes + mass
+            starts[s + k] = starts.get(s + k, 0.0) + run
+            tokens, passes = tokens + committed + run * (k + 1), passes + mass
         return tokens, passes
 
     def _drop(self) -> None:
