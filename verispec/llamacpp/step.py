@@ -252,7 +252,7 @@ class CompiledStep:
             raise RuntimeError(f"llama_decode failed (status {-1000 - made}): {log_tail()}")
         if k > 0:
             self._joined.clear()  # a drafting step read every pending token
-        drafted, verified = self.seconds[0] - before[0], self.seconds[1] - before[1]
+        drafted, verified = float(self.seconds[0]) - before[0], float(self.seconds[1]) - before[1]  # Python floats
         self.target.forward_compute_s += verified
         self.cache.set_lengths(self.target_length[seqs].tolist())
         if self.draft is not None:

@@ -188,8 +188,9 @@ class Times:
         if not values:
             return statistics.median(s for s, _ in seen), 0, 0.0
         middle = statistics.median(values)
-        mean = statistics.fmean(min(v, self.clip * middle) for v in values)
-        spread = 1.4826 * statistics.median(abs(v - middle) for v in values) / middle if middle > 0 else 0.0
+        cap = self.clip * middle
+        mean = sum([min(v, cap) for v in values]) / len(values)
+        spread = 1.4826 * statistics.median([abs(v - middle) for v in values]) / middle if middle > 0 else 0.0
         return mean, len(values), spread
 
 
