@@ -20,6 +20,7 @@ import verispec.drafters.cross_vocab as cross_vocab
 from verispec.config import SamplingParams
 from verispec.drafters.cross_vocab import TokenIntersectionDrafter, intersect, restricted_q
 from verispec.drafters.draft_text import DraftText
+from verispec.drafters.string_level import StringLevelDrafter
 from verispec.engine import generate_all
 from verispec.sampling import RowSampling, process_logits
 from verispec.stats import SpecStats
@@ -45,9 +46,9 @@ def pair():
     return target, MarkovLM(table=table + noise)
 
 
-def drafter(pair, **kwargs) -> TokenIntersectionDrafter:
+def drafter(pair, kind=TokenIntersectionDrafter, **kwargs) -> TokenIntersectionDrafter:
     target, draft = pair
-    return TokenIntersectionDrafter(draft, toy_text(DRAFT_PIECES), toy_text(TARGET_PIECES), target.vocab_size, **kwargs)
+    return kind(draft, toy_text(DRAFT_PIECES), toy_text(TARGET_PIECES), target.vocab_size, **kwargs)
 
 
 def joint_counts(target, made, params: SamplingParams, k: int, n: int):
@@ -184,16 +185,31 @@ def test_negative_control_invariant_mode_with_uniform_noise(pair, monkeypatch):
     _assert_fails(counts, target.continuation_probs(PROMPT, TOKENS, params).ravel())
 
 
+@pytest.mark.parametrize("kind", [TokenIntersectionDrafter, StringLevelDrafter])
 @pytest.mark.parametrize("k", [1, 4])
-def test_greedy_output_equals_plain_decoding(pair, k):
+def test_greedy_output_equals_plain_decoding(pair, k, kind):
     target, _ = pair
     prompts = [[3, 1, 4], [0], [2, 2, 3, 4, 1, 0, 3]]
     params = SamplingParams(temperature=0, max_new_tokens=20)
     stats = SpecStats()
-    assert generate_all(target, prompts, params, drafter(pair), k=k, stats=stats) == generate_all(
+    assert generate_all(target, prompts, params, drafter(pair, kind), k=k, stats=stats) == generate_all(
         target, prompts, params
     )
     assert stats.accepted > 0
+
+
+def test_string_level_drafting_proposes_the_targets_tokens_for_the_drafts_text(pair):
+    """The draft's tokens "abc" and "cb" have no target token of their bytes (outside the intersection); drafted
+    as text they become the target's "ab" "c" and "c" "b". At T > 0 it drafts as the intersection does (the same
+    tokens from the same seed)."""
+    target, _ = pair
+    made = drafter(pair, StringLevelDrafter)
+    made.start([[3, 1, 4]], 16)
+    assert made._target_ids(0, [DRAFT_PIECES.index("abc"), DRAFT_PIECES.index("cb")]) == [3, 2, 2, 1]
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=12, seed=5)
+    assert generate_all(target, [[3, 1, 4]] * 4, sampled, made, k=3) == generate_all(
+        target, [[3, 1, 4]] * 4, sampled, drafter(pair), k=3
+    )
 
 
 def test_draft_text_reencodes_the_committed_text_incrementally():
@@ -231,9 +247,10 @@ def builtin(tmp_path_factory):
     return target, draft, texts, load_tokenizer(TARGET_DIR), directory
 
 
-def test_builtin_target_with_a_retokenized_draft_gives_plain_greedy_output(builtin):
+@pytest.mark.parametrize("kind", [TokenIntersectionDrafter, StringLevelDrafter])
+def test_builtin_target_with_a_retokenized_draft_gives_plain_greedy_output(builtin, kind):
     target, draft, (target_text, draft_text), tokenizer, _ = builtin
-    made = TokenIntersectionDrafter(draft, draft_text, target_text, target.vocab_size)
+    made = kind(draft, draft_text, target_text, target.vocab_size)
     inter = made.intersection
     assert 0.5 * len(draft_text) < len(inter) < len(draft_text) == draft.vocab_size < target.vocab_size
     sources = [
@@ -280,6 +297,22 @@ def test_assemble_picks_the_intersection_drafter_and_says_which_mode(builtin):
     assert isinstance(same, ModelDrafter) and len(said) == 1  # the same vocabulary: nothing to say
 
 
+def test_string_prefix_drafts_text_and_is_refused_for_a_shared_tokenizer(builtin):
+    from verispec.assemble import Settings, load_drafter
+    from verispec.pair import DRAFT_DIR
+
+    target, _, _, _, directory = builtin
+    said = []
+    made = load_drafter(Settings(draft=f"string:{directory}", backend="torch"), target, said.append)
+    assert isinstance(made, StringLevelDrafter)
+    line = f"token-level intersection: {len(made.intersection)} of {len(made.draft_text)} draft tokens"
+    assert said == [f"--draft string:{directory}: string-level drafting at temperature 0; otherwise {line}"]
+    with pytest.raises(ValueError, match="shares the target's tokenizer"):
+        load_drafter(Settings(draft=f"string:{DRAFT_DIR}", backend="torch"), target)
+    with pytest.raises(ValueError, match="string-level drafting takes a draft model"):
+        Settings(draft="string:ngram")
+
+
 def test_plan_says_the_mode_and_the_intersections_share_on_the_prompts(builtin, tmp_path, capsys):
     from verispec.cli import main
     from verispec.pair import TARGET_DIR
@@ -287,7 +320,33 @@ def test_plan_says_the_mode_and_the_intersections_share_on_the_prompts(builtin, 
     *_, directory = builtin
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def add(a, b):\\n    return"}\n')
-    args = ["plan", "--target", str(TARGET_DIR), "--draft", str(directory), "--backend", "torch"]
-    assert main([*args, "--prompts", str(prompts), "--max-new-tokens", "8", "--k-max", "2"]) == 0
-    err = capsys.readouterr().err
+    args = ["plan", "--target", str(TARGET_DIR), "--draft", str(directory), "--draft", f"string:{directory}"]
+    assert main([*args, "--backend", "torch", "--prompts", str(prompts), "--max-new-tokens", "8", "--k-max", "2"]) == 0
+    out, err = capsys.readouterr()
     assert "token-level intersection: " in err and ", share of the draft's probability mass 0." in err
+    assert f"--draft string:{directory}: string-level drafting at temperature 0" in err
+    assert str(directory) in out and f"string:{directory}" in out  # both candidates ranked
+
+
+@pytest.mark.parametrize("prefix", ["", "string:"])
+def test_gguf_target_with_a_gguf_draft_of_another_tokenizer_gives_plain_greedy_output(
+    builtin, tmp_path_factory, prefix
+):
+    """On llama.cpp: both models as GGUF files (each read with its own GGUF vocabulary), assembled as a user's
+    --target / --draft are: the intersection (or string-level) drafter runs and greedy output is plain's."""
+    from verispec.assemble import Settings, load_drafter, load_target
+    from verispec.models.gguf_convert import convert
+    from verispec.pair import TARGET_DIR
+
+    *_, directory = builtin
+    out = tmp_path_factory.mktemp("gguf-vocab")
+    files = [convert(source, out / f"{name}.gguf", "f32") for name, source in (("t", TARGET_DIR), ("d", directory))]
+    settings = Settings(target=str(files[0]), draft=prefix + str(files[1]), backend="llamacpp", threads=1)
+    target, tokenizer = load_target(settings)
+    made = load_drafter(settings, target)
+    assert isinstance(made, StringLevelDrafter if prefix else TokenIntersectionDrafter)
+    assert type(made.model).__name__ == "LlamaCppModel"
+    prompts = [tokenizer.encode(s).ids for s in ("def add(a, b):\n    return a + b\n\n\ndef mul(", "import os\n")]
+    params, stats = SamplingParams(temperature=0, max_new_tokens=32), SpecStats()
+    assert generate_all(target, prompts, params, made, k=4, stats=stats) == generate_all(target, prompts, params)
+    assert stats.alpha_hat > 0.2, stats.summary()

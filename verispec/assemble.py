@@ -29,6 +29,7 @@ from .policy import AdaptiveLength, FixedLength
 Say = Callable[[str], None]
 NO_DRAFT = "none"
 MODEL_FREE = ("ngram", "suffix")  # --draft values that load no model: prompt lookup, suffix drafting
+STRING = "string:"  # --draft string:MODEL: a draft of another tokenizer drafting text at T = 0 (string_level.py)
 
 
 def to_stderr() -> Say:
@@ -163,7 +164,12 @@ def model_spec(spec: str | None) -> str | None:
     spec = parts[1] if parts else spec
     if spec is None or spec in (*MODEL_FREE, NO_DRAFT) or spec.startswith("early-exit:"):
         return None
-    return spec
+    return spec.removeprefix(STRING) if spec.startswith(STRING) and not Path(spec).exists() else spec
+
+
+def drafts_text(settings: Settings) -> bool:
+    """Whether --draft is 'string:MODEL' (string-level drafting)."""
+    return str(settings.draft).startswith(STRING) and model_spec(settings.draft) != settings.draft
 
 
 def _check_draft(spec: str | None) -> None:
@@ -176,6 +182,10 @@ def _check_draft(spec: str | None) -> None:
             raise ValueError(f"--draft {spec}: a combined draft is 'ngram+MODEL' or 'suffix+MODEL' (a model path)")
     if spec is not None and spec.startswith("early-exit:") and not spec.split(":", 1)[1].isdigit():
         raise ValueError(f"--draft early-exit:L needs a layer count L, got {spec!r}")
+    if spec is not None and spec.startswith(STRING) and not Path(spec).exists():
+        model = spec.removeprefix(STRING)
+        if model in (*MODEL_FREE, NO_DRAFT, "") or model.startswith(("early-exit:", STRING)) or combined(model):
+            raise ValueError(f"--draft {spec}: string-level drafting takes a draft model: 'string:MODEL' (a path)")
 
 
 def draft_policy(settings: Settings) -> FixedLength | AdaptiveLength:
@@ -282,7 +292,7 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     """The drafter of --draft (or of `spec`, a candidate): None for 'none'; prompt lookup for
     'ngram'; suffix drafting for 'suffix'; the target's first L layers for 'early-exit:L'; else a model,
     wrapped in a ModelDrafter with --confidence-threshold where its vocabulary is the target's, in a
-    TokenIntersectionDrafter where it differs (the mode is said)."""
+    TokenIntersectionDrafter where it differs (a StringLevelDrafter for 'string:MODEL'; the mode is said)."""
     settings = settings.resolved()
     spec = settings.draft if spec is None else spec
     _check_draft(spec)
@@ -317,26 +327,35 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     from .drafters.model import ModelDrafter
     from .models.vocab import check_same_tokenizer, match_vocab_size, vocabularies_differ
 
-    draft = load_model(settings, spec, say)
+    path = model_spec(spec)
+    draft = load_model(settings, path, say)
     if hasattr(draft, "shape_invariant"):
         draft.shape_invariant = False  # only the target's logits must not depend on the pass
-    if vocabularies_differ(settings.target, spec):
+    if vocabularies_differ(settings.target, path):
         return _intersection_drafter(settings, target, draft, spec, say)
-    check_same_tokenizer(settings.target, spec, target.vocab_size, draft.vocab_size)
+    if path != spec:
+        raise ValueError(
+            f"--draft {spec}: {path} shares the target's tokenizer; string-level drafting is for a draft with "
+            f"another one (give --draft {path})"
+        )
+    check_same_tokenizer(settings.target, path, target.vocab_size, draft.vocab_size)
     return ModelDrafter(
         match_vocab_size(draft, target.vocab_size), settings.confidence_threshold, settings.draft_temperature
     )
 
 
 def _intersection_drafter(settings: Settings, target, draft, spec: str, say: Say):
-    """A draft whose tokenizer differs from the target's: token-level intersection (said)."""
+    """A draft whose tokenizer differs from the target's: token-level intersection, or with 'string:' string-level
+    drafting at temperature 0 (said)."""
     from .drafters.cross_vocab import TokenIntersectionDrafter
+    from .drafters.string_level import StringLevelDrafter
     from .models.token_text import token_text_of
 
-    texts = token_text_of(settings.target, target), token_text_of(spec, draft)
+    texts = token_text_of(settings.target, target), token_text_of(model_spec(spec), draft)
     if None in texts:
         raise ValueError(f"--draft {spec}: its vocabulary differs from the target's and cannot be read as text")
-    drafter = TokenIntersectionDrafter(draft, texts[1], texts[0], target.vocab_size, settings.confidence_threshold)
+    kind = StringLevelDrafter if model_spec(spec) != spec else TokenIntersectionDrafter
+    drafter = kind(draft, texts[1], texts[0], target.vocab_size, settings.confidence_threshold)
     say(f"--draft {spec}: {drafter.mode_line()}")
     return drafter
 
@@ -349,7 +368,7 @@ def load_profiled(settings: Settings, name: str, say: Say = _quiet):
 
     if not Path(name).exists() and name in PRESETS:
         return init_weights(LlamaForCausalLM(PRESETS[name])).to(settings.torch_dtype).eval()
-    return load_model(settings, name, say)
+    return load_model(settings, model_spec(name) or name, say)
 
 
 def eos_ids(target) -> tuple[int, ...]:

@@ -1,7 +1,6 @@
-"""The measuring commands: `bench` (and its --peer comparisons), `plan`, `profile`, `check` and
-`perplexity`. Each parses, loads its parts through assemble, calls verispec.analysis and prints
-(the long tables: cli/reports.py). Knows nothing of how models are loaded or measured.
-"""
+"""The measuring commands: `bench` (and its --peer comparisons), `plan`, `profile`, `check` and `perplexity`. Each
+parses, loads its parts through assemble, calls verispec.analysis and prints (the long tables: cli/reports.py).
+Knows nothing of how models are loaded or measured."""
 
 from __future__ import annotations
 
@@ -46,9 +45,9 @@ PROFILED_HELP = (
 )
 PROMPTS_HELP = 'JSON lines, one {"prompt": "..."} per line'
 MEASURED_HELP = (
-    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting) or "
-    "'early-exit:L' (the target's first L layers) ('none' leaves nothing to measure); default: the built-in "
-    "draft with the built-in target"
+    "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), "
+    "'early-exit:L' (the target's first L layers) or 'string:MODEL' (another tokenizer's draft drafting text at "
+    "T = 0) ('none' leaves nothing to measure); default: the built-in draft with the built-in target"
 )
 
 
@@ -235,7 +234,9 @@ def bench(args: argparse.Namespace) -> int:
     if not args.peer:
         needs_draft(settings, "bench")
     settings = settings.resolved()
-    if args.peer and (settings.draft == "suffix" or assemble.combined(settings.draft)):
+    if args.peer and (
+        settings.draft == "suffix" or assemble.combined(settings.draft) or assemble.drafts_text(settings)
+    ):
         return fail(
             f"--peer {args.peer} compares verispec with the peer's own drafters (a draft model or prompt lookup); "
             f"it does not take --draft {settings.draft}"

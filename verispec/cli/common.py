@@ -145,8 +145,8 @@ TARGET_HELP = (
 )
 DRAFT_HELP = (
     "draft model directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), 'early-exit:L' "
-    "(the target's first L layers) or 'none' (no speculation); default: the built-in draft with the built-in "
-    "target, else none"
+    "(the target's first L layers), 'string:MODEL' (a draft of another tokenizer drafting text at T = 0) or "
+    "'none' (no speculation); default: the built-in draft with the built-in target, else none"
 )
 
 

@@ -26,6 +26,7 @@ class DraftText:
         self.history: list[int] = []
         self.ids: list[int] = []
         self._anchor = (0, 0)  # (target index, draft index): ids[:d] spell history[:t] and stay
+        self.held = 0  # bytes at the end of the text that `ids` do not spell yet (an incomplete character)
         self.extend(prompt)
 
     def extend(self, tokens: list[int]) -> None:
@@ -33,7 +34,7 @@ class DraftText:
         self.history += tokens
         start, first = self._anchor
         ids, ends, held, exact = self._encode(self.history[start:])
-        self.ids = self.ids[:first] + ids
+        self.ids, self.held = self.ids[:first] + ids, held
         if not exact:  # offsets mean nothing: start afresh after this text (unless a character waits)
             self._anchor = self._anchor if held else (len(self.history), len(self.ids))
         elif ends:
