@@ -12,6 +12,8 @@ can pay; each property has a negative control that fails it.
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from verispec.drafters.model import ModelDrafter
 from verispec.engine import generate_all
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.policy import AdaptiveLength, FixedLength, PolicySettings, choose_k
-from verispec.policy.estimates import Rates, TextAcceptance
+from verispec.policy.estimates import Rates, TextAcceptance, capped_seconds
 from verispec.stats import SpecStats
 from verispec.theory import capped_speedups
 
@@ -474,3 +476,35 @@ def test_negative_control_a_line_through_two_noisy_neighbours_keeps_drafting(mon
     monkeypatch.setattr(AdaptiveLength, "_predicted_seconds", line)
     seconds, choice = _after_acceptance_collapses(AdaptiveLength(k_max=K_MAX, prior_c=0.18, prior_r=PROFILE_R))
     assert choice > 0 and seconds[0] > max(seconds[3:5])
+
+
+def _lookup_that_often_finds_nothing(policy: AdaptiveLength, passes: int = 1500) -> float:
+    """A deterministic drafter (suffix drafting) that proposes nothing on 70% of passes (no match) and up to the cap
+    on the others, every token accepted; a pass's seconds follow the positions it verifies, 1 + 0.4 per position
+    (as the profile says), plus 5% noise. Its throughput over the best cap's expected throughput (k = 8: 3.4 tokens
+    per 1.96 plain passes, where a pass allowed k that always proposed k would say 1 + 0.3 k in 1 + 0.4 k: no
+    gain)."""
+    rng = random.Random(4)
+    tokens = seconds = 0.0
+    for _ in range(passes):
+        cap = policy.choose(1)
+        made = cap if cap and rng.random() < 0.3 else 0
+        t = 0.01 * (1 + 0.4 * made) * math.exp(0.05 * rng.gauss(0, 1))
+        policy.observe(made, [1.0] * made, [1] * made, 0.0, t, 1, cap, committed=made + 1)
+        tokens, seconds = tokens + made + 1, seconds + t
+    return tokens / seconds / ((1 + 0.3 * K_MAX) / (0.01 * (1 + 0.12 * K_MAX)))
+
+
+def test_a_draft_that_often_proposes_nothing_is_costed_by_the_positions_it_verifies():
+    """The time predicted for a draft length allowed but not measured is the expected time of the passes it would
+    run (positions past the draft's own stop cost only when reached), so the policy lets such a draft run long."""
+    assert capped_seconds([1.0, 2.0, 3.0], [1.0, 1.0]) == [1.0, 2.0, 3.0]
+    assert capped_seconds([1.0, 2.0, 3.0], [0.5, 0.0]) == [1.0, 1.5, 1.5]
+    profile = [1 + 0.4 * n for n in range(K_MAX + 1)]
+    assert _lookup_that_often_finds_nothing(AdaptiveLength(k_max=K_MAX, prior_c=0.0, prior_r=profile)) >= 0.9
+
+
+def test_negative_control_a_draft_costed_as_if_it_always_proposed_to_the_cap_stays_short(monkeypatch):
+    monkeypatch.setattr("verispec.policy.adaptive.capped_seconds", lambda seconds, continues: list(seconds))
+    profile = [1 + 0.4 * n for n in range(K_MAX + 1)]
+    assert _lookup_that_often_finds_nothing(AdaptiveLength(k_max=K_MAX, prior_c=0.0, prior_r=profile)) < 0.9

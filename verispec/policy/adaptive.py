@@ -9,7 +9,8 @@ optimistic throughput, from:
   (`estimates.Times`: uncertainty = spread / sqrt(n), at least `spread_floor` / sqrt(n)); else the cost
   model's prediction, fitted to the times measured lately at B (to older ones where there are none
   lately): a calibration's shape (corrected per k by recent passes at any batch size), else the profile's
-  shape (theory's r(k+1) + k c), else a line over k held flat where it falls, uncertain by `prior_uncertainty`
+  shape (theory's r(k+1) + k c), each the expectation over where a draft allowed k stops (`capped_seconds`),
+  else a line over k held flat where it falls, uncertain by `prior_uncertainty`
   (`default_uncertainty` where only the default shape is known, or a calibration's error for that kind
   of pass, plain or drafting, has not been measured lately).
 The draft's reading of rows that joined is a cost per request, the same for every k > 0 and none at
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..theory import capped_speedups
 from .decision import choose_k
-from .estimates import CostShape, Rates, TextAcceptance, Times
+from .estimates import CostShape, Rates, TextAcceptance, Times, capped_seconds
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class AdaptiveLength:
         self.text = TextAcceptance(self.k_max, s.prior_alpha, s.memory, s.horizon)
         self.goes_on: dict[int, Rates] = {}  # by batch size: does a draft allowed past position i propose it
         self.times = Times(s.window, s.horizon)
-        self._drift = Times(3 * s.window, s.horizon)  # by (0, k): a pass's seconds over the calibration's
+        self._drift = Times(3 * s.window, s.horizon)  # (0, k): a pass proposing k, seconds over the calibration's
         self.shape = CostShape(self.k_max, self.prior_c, self.prior_r, self.prior_batch)
         self._joins: deque[tuple[float, int]] = deque()  # (joined_s, committed) per drafting pass, the last `memory`
         self._joined = [0.0, 0]  # their sums
@@ -143,12 +144,13 @@ class AdaptiveLength:
             slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
             line = [max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-9) for k in range(self.k_max + 1)]
             return line, [s.prior_uncertainty] * len(line)
-        shape = self.shape.seconds(batch)
+        shape = self.shape.seconds(batch)  # [k_max + 1]: a pass that proposes j tokens
         prior_u = [s.default_uncertainty if self.shape.source == "default" else s.prior_uncertainty] * len(shape)
         if self.shape.source == "calibration":
             drift, measured = self.drift()
             shape = [x * d for x, d in zip(shape, drift)]
             prior_u = [s.prior_uncertainty if m else s.default_uncertainty for m in measured]
+        shape = capped_seconds(shape, self.continues(batch))  # a pass allowed k: its draft may stop sooner
         ratios = [t / shape[k] for k, t in known if shape[k] > 0]
         scale = statistics.median(ratios) if ratios else 1.0
         return [x * scale for x in shape], prior_u
@@ -191,7 +193,7 @@ class AdaptiveLength:
         if (batch, cap) in self._shapes:  # the first pass of a shape sizes buffers: not timed
             self.times.add(batch, cap, draft_s + target_s, self.passes)
             if self.shape.source == "calibration":
-                self._drift.add(0, cap, (draft_s + target_s) / self.shape.seconds(batch)[cap], self.passes)
+                self._drift.add(0, k, (draft_s + target_s) / self.shape.seconds(batch)[k], self.passes)
         self._shapes.add((batch, cap))
         self.passes += 1
         if cap > 0:  # did the draft go on past each position it was allowed past

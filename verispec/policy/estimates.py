@@ -194,6 +194,17 @@ class Times:
         return mean, len(values), spread
 
 
+def capped_seconds(seconds: list[float], continues: list[float]) -> list[float]:
+    """Expected seconds of a pass allowed k = 0..k_max tokens, from the seconds of a pass that proposes j
+    (`seconds[j]`) and the chance a draft allowed past j goes on (`continues[j]`): a position past the draft's
+    own stop costs only when it is reached (theory.capped_speedups' cost, in seconds)."""
+    out, reached = [seconds[0]], 1.0
+    for j in range(1, len(seconds)):
+        reached *= continues[j - 1]
+        out.append(out[-1] + reached * (seconds[j] - seconds[j - 1]))
+    return out
+
+
 class CostShape:
     """The prior shape of an iteration's seconds over k = 0..k_max at a batch size (any scale)."""
 
