@@ -439,7 +439,7 @@ def test_negative_control_without_the_correction_the_flattering_calibration_deci
     assert _optimistic_calibration_run(AdaptiveLength(k_max=K_MAX)) < 0.95
 
 
-PROFILE_R = [1.0, 0.97, 1.16, 1.22, 1.45, 1.6, 1.8, 2.0, 2.2]  # r(1..9) as `verispec profile` measures on f32
+PROFILE_R = [1.0, 0.97, 1.16, 1.22, 1.45, 1.6, 1.8, 2.0, 2.2]  # a profile's r(1..9): flat from 1 to 2 positions
 
 
 def _after_acceptance_collapses(policy: AdaptiveLength) -> tuple[list[float], int]:

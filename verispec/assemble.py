@@ -167,9 +167,9 @@ def model_spec(spec: str | None) -> str | None:
     return spec.removeprefix(STRING) if spec.startswith(STRING) and not Path(spec).exists() else spec
 
 
-def drafts_text(settings: Settings) -> bool:
-    """Whether --draft is 'string:MODEL' (string-level drafting)."""
-    return str(settings.draft).startswith(STRING) and model_spec(settings.draft) != settings.draft
+def drafts_text(spec: str | None) -> bool:
+    """Whether a --draft value is 'string:MODEL' (string-level drafting)."""
+    return spec is not None and spec.startswith(STRING) and model_spec(spec) != spec
 
 
 def _check_draft(spec: str | None) -> None:
@@ -333,7 +333,7 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
         draft.shape_invariant = False  # only the target's logits must not depend on the pass
     if vocabularies_differ(settings.target, path):
         return _intersection_drafter(settings, target, draft, spec, say)
-    if path != spec:
+    if drafts_text(spec):
         raise ValueError(
             f"--draft {spec}: {path} shares the target's tokenizer; string-level drafting is for a draft with "
             f"another one (give --draft {path})"
@@ -354,7 +354,7 @@ def _intersection_drafter(settings: Settings, target, draft, spec: str, say: Say
     texts = token_text_of(settings.target, target), token_text_of(model_spec(spec), draft)
     if None in texts:
         raise ValueError(f"--draft {spec}: its vocabulary differs from the target's and cannot be read as text")
-    kind = StringLevelDrafter if model_spec(spec) != spec else TokenIntersectionDrafter
+    kind = StringLevelDrafter if drafts_text(spec) else TokenIntersectionDrafter
     drafter = kind(draft, texts[1], texts[0], target.vocab_size, settings.confidence_threshold)
     say(f"--draft {spec}: {drafter.mode_line()}")
     return drafter

@@ -235,7 +235,7 @@ def bench(args: argparse.Namespace) -> int:
         needs_draft(settings, "bench")
     settings = settings.resolved()
     if args.peer and (
-        settings.draft == "suffix" or assemble.combined(settings.draft) or assemble.drafts_text(settings)
+        settings.draft == "suffix" or assemble.combined(settings.draft) or assemble.drafts_text(settings.draft)
     ):
         return fail(
             f"--peer {args.peer} compares verispec with the peer's own drafters (a draft model or prompt lookup); "

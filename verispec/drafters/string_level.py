@@ -58,9 +58,9 @@ class StringLevelDrafter(TokenIntersectionDrafter):
                 logits = self.model(drafted[-1][:, None], self.cache)
             drafted.append(logits[:, -1].argmax(dim=-1))
         drafted_ids = torch.stack(drafted, dim=1).tolist()  # [B, k]
-        rows = [self._target_ids(b, ids)[:k] for b, ids in enumerate(drafted_ids)]
-        width = max(1, max(map(len, rows)))
-        padded = [(r or [0]) + [(r or [0])[-1]] * (width - len(r or [0])) for r in rows]
+        rows = [self._target_ids(b, ids)[:k] or [0] for b, ids in enumerate(drafted_ids)]
+        width = max(map(len, rows))
+        padded = [r + r[-1:] * (width - len(r)) for r in rows]
         self._proposals = torch.tensor(padded, dtype=torch.long, device=self.model.device)  # [B, k'] target ids
         self._k = width
         self.cached = [c + ids[: k - 1] for c, ids in zip(self.cached, drafted_ids)]

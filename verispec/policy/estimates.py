@@ -197,7 +197,8 @@ class Times:
 def capped_seconds(seconds: list[float], continues: list[float]) -> list[float]:
     """Expected seconds of a pass allowed k = 0..k_max tokens, from the seconds of a pass that proposes j
     (`seconds[j]`) and the chance a draft allowed past j goes on (`continues[j]`): a position past the draft's
-    own stop costs only when it is reached (theory.capped_speedups' cost, in seconds)."""
+    own stop costs only when it is reached (theory.capped_speedups' cost, in seconds; here without its input
+    checks, as the policy asks for it every pass)."""
     out, reached = [seconds[0]], 1.0
     for j in range(1, len(seconds)):
         reached *= continues[j - 1]
