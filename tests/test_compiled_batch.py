@@ -13,6 +13,8 @@ settings. Checked black-box, through the batch:
   in one batch are each distributed as the target under their own settings: the joint of three
   tokens, chi-square at a false-failure rate of 1e-9 (negative control: two settings swapped in C);
 - log-probabilities on the compiled step equal the Python path's and the target's own;
+- a plain compiled batch scores each row exactly as that row alone (a placeholder after every
+  row's lone token; negative control: a batch without placeholders does not);
 - a request in invariant mode cannot join a compiled batch (ValueError), and nothing changes;
 - plain (k = 0) steps leave a joined prompt unread for the draft, as on the Python path, so that
   the engine times its reading at the first drafting step as prefill.
@@ -350,6 +352,31 @@ def test_logprobs_on_the_compiled_step_equal_the_python_paths(pair):
         best = reference[j].topk(3)
         assert top.keys() == set(best.indices.tolist())
         assert all(top[t] == pytest.approx(float(v), abs=1e-4) for t, v in zip(best.indices.tolist(), best.values))
+
+
+def _plain_logprobs(model, prompts: list[list[int]], together: bool) -> list[list]:
+    """Each prompt's greedy log-probabilities from plain compiled steps: in one batch, or alone."""
+    params = replace(GREEDY, max_new_tokens=12)
+    requests = [Request(str(i), p, params, logprobs=1) for i, p in enumerate(prompts)]
+    if together:
+        served = _serve(model, None, requests, 0, capacity=len(prompts), max_length=160)
+        assert isinstance(served.stepper, CompiledStep)
+        return [served.logprobs[r.id] for r in requests]
+    return [_serve(model, None, [r], 0, capacity=1, max_length=160).logprobs[r.id] for r in requests]
+
+
+def test_a_plain_compiled_batch_scores_each_row_exactly_as_alone(pair):
+    """Rows of one token each would run attention's one-query kernel, which differs from the one
+    a verification pass takes: each gets a placeholder, and its log-probabilities are bit-equal."""
+    model, _, prompts = pair
+    assert _plain_logprobs(model, prompts[:3], together=True) == _plain_logprobs(model, prompts[:3], together=False)
+
+
+def test_negative_control_a_plain_compiled_batch_without_placeholders(pair):
+    model, _, prompts = pair
+    bare = LlamaCppModel(model.path, n_threads=1)
+    bare.shape_invariant = False  # no placeholders in its contexts
+    assert _plain_logprobs(bare, prompts[:3], together=True) != _plain_logprobs(model, prompts[:3], together=False)
 
 
 def test_an_invariant_request_cannot_join_a_compiled_batch_and_nothing_changes(pair):

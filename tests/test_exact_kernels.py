@@ -6,8 +6,9 @@ verispec's exact kernels (the default) a position's logits must not depend on th
 computes them (one position or several, one row or two, a small or a large cache), and greedy
 speculative decoding must give plain decoding's tokens, with a model draft and with prompt
 lookup, at k = 1, 2, 4 and auto, one row and a batch, on the Python path and the compiled step.
-Negative controls: the same measurement without the one-token placeholder and flash attention
-finds a gap on f16; and a process with `--exact-kernels off` finds one on Q4_K_M.
+Negative controls: the same measurement without the placeholders finds a gap on f16, and
+without the placeholder per row of one token on Q4_K_M; a process with `--exact-kernels off`
+finds one on Q4_K_M.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def test_logits_do_not_depend_on_the_pass_shape(files, name):
     assert found.largest == 0.0, found
 
 
-def test_without_the_placeholder_and_flash_attention_the_pass_shape_shows(files):
+def test_an_f32_kv_cache_is_shape_invariant_too(files):
+    model = LlamaCppModel(files["Q8_0"], n_threads=2, kv_type="f32")
+    assert pass_shape_deviation(model, _contexts(model)).largest == 0.0
+
+
+def test_without_the_placeholders_the_pass_shape_shows(files):
     """The negative control: the measurement finds the one-token kernels of llamafile's sgemm."""
     model = LlamaCppModel(files["F16"], n_threads=2)
     model.shape_invariant = False
@@ -155,22 +161,22 @@ def test_logits_do_not_depend_on_the_thread_count(files, name):
 
 
 @pytest.mark.parametrize("name", ["F16", "Q8_0", "Q4_K_M"])
-def test_past_flash_attentions_split_the_pass_shape_still_does_not_matter(files, name):
-    """Contexts of 300 tokens: a one-query pass of one sequence over 512 cells or more would take
-    flash attention's split over threads; a placeholder keeps it on the per-query path."""
+def test_past_256_cells_the_pass_shape_still_does_not_matter(files, name):
+    """Contexts of 300 tokens: passes read 512 cells (llama.cpp pads the cells it reads to 256)."""
     model = LlamaCppModel(files[name], n_threads=2)
     contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
     assert pass_shape_deviation(model, contexts).largest == 0.0
 
 
-def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monkeypatch):
-    """The negative control of the one above: no placeholder at any position on a file whose
-    one-token kernels agree (Q4_K_M: measured so), and the split shows at 300 tokens."""
+def test_without_a_placeholder_per_row_one_token_rows_show_the_pass_shape(files, monkeypatch):
+    """The negative control of the per-row placeholder: rows of one token each in a pass of two
+    rows take attention's one-query kernel (ggml's vec_dot_f16), which differs from sgemm's."""
     from verispec.llamacpp import context
 
-    monkeypatch.setattr(context, "SPLIT_KV_FROM", 10**9)
+    fill = context.Context._fill_gaps
+    monkeypatch.setattr(
+        context.Context, "_fill_gaps", lambda self, seqs, positions, always=False: fill(self, seqs, positions)
+    )
     model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
-    contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
-    cache = model.new_cache(1, 8)
-    assert not cache.context.pad_always  # measured: this file's one-token kernels agree
-    assert pass_shape_deviation(model, contexts).largest > 0
+    found = pass_shape_deviation(model, _contexts(model))
+    assert found.positions == 0.0 and found.rows > 0, found

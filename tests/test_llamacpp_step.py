@@ -209,7 +209,7 @@ def test_at_llama_cpp_default_truncation_the_step_runs_and_feeds_the_proposal_te
     positions of the active rows, in which the column of each row's tau is the beta the step reports
     (sum min(p, q') of what it drew from), and the choice leaves tau = 1 for some row."""
     target, draft, prompts = pair
-    params = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=3, max_new_tokens=40)
+    params = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=3, max_new_tokens=80)
     steps, calls = [], []
     maybe, run = llamacpp_step.CompiledStep.maybe, llamacpp_step.CompiledStep.run
     monkeypatch.setattr(

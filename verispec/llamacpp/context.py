@@ -4,8 +4,9 @@ Owns `Context` (a llama_context for n_seq sequences and its llama_batch, filled 
 views; `decode` runs tokens at positions of sequences and reads the logits in place) and
 `LlamaCppCache` (verispec's cache contract over a context: per-row lengths, rollback, rows that
 leave and join). The placeholder rules live here: a shape-invariant context adds a placeholder
-token after a one-token pass (`Context.single_pad`) and fills the gaps between the sequences
-of a pass (`Context.fill_gaps`), so that a position's logits do not depend on the pass.
+token after a one-token pass (`Context.single_pad`), gives every sequence of a pass at least two
+tokens and fills the gaps between them (`Context.fill_gaps`), so that a position's logits do not
+depend on the pass.
 
 Cache contract (the same as `KVCache`'s). A cache owns one llama.cpp context; row b is llama.cpp
 sequence seqs[b]. A forward of T tokens is one `llama_decode` of B*T tokens (sequence b at
@@ -37,8 +38,6 @@ _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many 
 #                       the built-in target costs about as much as 6 more positions in it)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
-SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
-#                     512 cells: llama.cpp pads the cells read to 256, so from position 256 on (a margin below it)
 
 
 class ContextOwner(Protocol):
@@ -48,7 +47,7 @@ class ContextOwner(Protocol):
     path: Path
     n_threads: int
     kv_type: str  # a key of KV_TYPES
-    shape_invariant: bool  # placeholders and flash attention: a position's logits do not depend on the pass
+    shape_invariant: bool  # placeholders: a position's logits do not depend on the pass
     vocab_size: int
 
     def release_context(self, context: Context) -> None:
@@ -96,9 +95,10 @@ class Context:
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
         params.type_k = params.type_v = KV_TYPES[model.kv_type]
-        # flash attention: on for shape-invariant passes (one query at a time over the unmasked cells);
-        # else off, as llama-cpp-python's Llama (attention in the cache's type)
-        params.flash_attn_type = 1 if model.shape_invariant else 0
+        # flash attention off, as llama-cpp-python's Llama: attention is two matrix products in the cache's type
+        # (llamafile's sgemm from 2 queries per sequence on, which the placeholders guarantee); CPU flash attention
+        # runs each query on its own and costs about twice as much for a verification pass (docs/EXACTNESS.md)
+        params.flash_attn_type = 0
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
@@ -116,10 +116,7 @@ class Context:
         self._seq_ids = [self.batch.seq_id[i] for i in range(capacity)]
         self._seq_written = np.full(capacity, -1)  # what seq_id[i][0] holds now (skip rewriting it)
         self._lib, self.vocab_size = lib, model.vocab_size
-        self.invariant = model.shape_invariant  # no pass of one token; gaps always filled
-        self.pad_always = (
-            True  # a placeholder after every one-token pass, unless the file needs none (model.LlamaCppModel.new_cache)
-        )
+        self.invariant = model.shape_invariant  # no sequence of one token in a pass; gaps always filled
         self._logits_view, self._logits_address = np.empty((0, self.vocab_size), np.float32), None
 
     def decode(
@@ -195,26 +192,24 @@ class Context:
     ) -> int | None:
         """The position of a placeholder token that a shape-invariant pass adds, or None: a pass of
         one sequence with one token, or with logits at one position only, would run llama.cpp's
-        one-column kernels (llamafile's sgemm takes 2 columns or more; the last layer and the
-        output head run on the positions with logits) where those differ (`pad_always`, measured
-        per model), and flash attention's split over threads from SPLIT_KV_FROM on. The
-        placeholder follows the sequence's last token, with logits, in the same llama_decode; its
-        cell is removed after."""
+        one-column kernels (llamafile's sgemm takes 2 columns or more; attention's products take
+        one query per sequence; the last layer and the output head run on the positions with
+        logits). The placeholder follows the sequence's last token, with logits, in the same
+        llama_decode; its cell is removed after."""
         if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
             return None
         wanted = len(tokens) if outputs is True else 0 if outputs is False else int(np.count_nonzero(outputs))
         if len(tokens) > 1 and wanted != 1:
             return None
         position = int(positions.max()) + 1
-        if not self.pad_always and position <= SPLIT_KV_FROM:
-            return None
         return position if position < self.n_ctx_seq else None
 
     def _fill_gaps(
         self, seqs: np.ndarray, positions: np.ndarray, always: bool = False
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """(sequences, positions) of placeholder tokens that give every sequence from the batch's
-        lowest to its highest the same number of tokens, or None where they would not pay.
+        lowest to its highest the same number of tokens (at least 2 with `always`: attention's
+        products of one query per sequence take other kernels), or None where they would not pay.
         With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
         sequence ids that each take the same number of tokens from every one of them
         (split_equal), and each ubatch reads every weight: a row that finished left a gap in a
@@ -225,7 +220,7 @@ class Context:
         after the decode (`decode`). Padded where that costs fewer positions than the ubatches it
         saves (`_UBATCH_POSITIONS` each): a decode pass, not a prefill of prompts of different lengths."""
         present, counts = np.unique(seqs, return_counts=True)
-        lo, hi, most = int(present[0]), int(present[-1]), int(counts.max())
+        lo, hi, most = int(present[0]), int(present[-1]), max(int(counts.max()), 2 if always else 1)
         if hi - lo + 1 == len(present) and int(counts.min()) == most:
             return None
         full = np.zeros(hi - lo + 1, dtype=np.int64)

@@ -71,20 +71,18 @@ def set_exact_kernels(on: bool) -> None:
 
     On (the default): a position's logits do not depend on the pass that computes them (how
     many positions or rows it holds, placeholders, the cache's size), so that speculative
-    decoding gives plain decoding's tokens on every GGUF type. It takes four settings, each
+    decoding gives plain decoding's tokens on every GGUF type. It takes three settings, each
     found by measuring (`deviation.pass_shape_deviation`; docs/EXACTNESS.md):
     - weights not repacked (`use_extra_bufts` off): repacked types run a GEMV kernel for one
       position and a GEMM kernel for more;
     - ggml's tiled K-quant/IQ product off (`GGML_CPU_TILED_MM=0`, read once by ggml): it takes
       passes of 8 positions or more, the dot-product kernel the rest;
-    - flash attention on: each query position is its own dot products and online softmax over
-      the unmasked cells, whatever the pass holds (without it the attention products of one
-      position per sequence take another kernel than those of several);
-    - a placeholder after a one-token pass (`LlamaCppModel.shape_invariant`): llamafile's sgemm
-      (f32, f16, bf16, IQ4_NL, ...) takes passes of 2 positions or more, and flash attention splits
-      one query's cells over the threads from 512 cells on (context.py's placeholder rule).
-    Off: llama.cpp's defaults for the kernels (repacking, the tiled product) and attention without
-    flash attention, as before; faster on some types, exact only where the measured deviation is 0.
+    - no sequence of one token in a target pass (`LlamaCppModel.shape_invariant`: placeholders,
+      context.py): llamafile's sgemm (f32, f16, bf16, IQ4_NL, ...) takes products of 2 columns or
+      more, and attention's products (flash attention off, as in every context) of one query per
+      sequence take another kernel than those of several.
+    Off: llama.cpp's defaults for the kernels (repacking, the tiled product), no placeholders;
+    faster on some types, exact only where the measured deviation is 0.
     """
     global _exact_kernels
     if _lib is not None and bool(on) != _exact_kernels:

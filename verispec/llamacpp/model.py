@@ -26,16 +26,6 @@ from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
 
-_SGEMM_TYPES = {
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q5_0",
-    "IQ4_NL",
-}  # matrices llamafile's sgemm takes from 2 columns on
-
 
 @dataclass(frozen=True)
 class GGUFConfig:
@@ -69,9 +59,8 @@ class LlamaCppModel:
     `n_threads` defaults to the cores this process may use (`default_threads`) and is capped
     there (more threads than cores only wait for each other). `kv_type` is
     the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
-    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3; attention then runs
-    without flash attention, whose f32 cache llama.cpp casts to f16, so its passes are not
-    shape-invariant: docs/EXACTNESS.md).
+    PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3). Both are
+    shape-invariant under exact kernels (docs/EXACTNESS.md).
     """
 
     device = torch.device("cpu")
@@ -90,9 +79,8 @@ class LlamaCppModel:
         params = lib.llama_model_default_params()
         if exact_kernels():
             params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
-        # a draft may turn it off before its first cache (its logits need not be invariant); an f32 KV cache runs
-        # attention without flash attention (llama.cpp casts it to f16 for that), so its passes are not invariant
-        self.shape_invariant = exact_kernels() and kv_type == "f16"
+        # a draft may turn it off before its first cache (its logits need not be invariant)
+        self.shape_invariant = exact_kernels()
         clear_log()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
@@ -115,7 +103,6 @@ class LlamaCppModel:
             description=description.value.decode(errors="replace"),
         )
         self._spare: Context | None = None
-        self._agrees: bool | None = None  # no matrix of a type sgemm takes (_one_token_agrees), read once
         self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
 
     def __repr__(self) -> str:
@@ -131,33 +118,7 @@ class LlamaCppModel:
             return LlamaCppCache(self, spare, batch_size, max_length)
         if spare is not None:
             spare.free()
-        context = Context(self, batch_size, max_length)
-        if context.invariant:
-            context.pad_always = not self._one_token_agrees()
-        return LlamaCppCache(self, context, batch_size, max_length)
-
-    def _one_token_agrees(self) -> bool:
-        """Whether a one-token pass takes the same matrix kernels as a pass of several: true when no
-        matrix of the file has a type that llamafile's sgemm takes from 2 columns on (f32, f16,
-        bf16, q8_0, q4_0, q5_0, iq4_nl on x86; read from the file). The K-quants, q4_1, q5_1 and the
-        IQ types then always take their dot-product kernels (with ggml's tiled product off), so a
-        plain pass needs no placeholder until flash attention would split a query's cells
-        (SPLIT_KV_FROM), where a placeholder would make every plain pass a two-token one. Comparing
-        a one-token pass with a two-token one would not do: sgemm's results also change between 2
-        and 3 columns."""
-        if self._agrees is None:
-            try:
-                from gguf import GGUFReader
-
-                types = {
-                    t.tensor_type.name
-                    for t in GGUFReader(str(self.path)).tensors
-                    if len(t.shape) > 1 and t.shape[1] > 1
-                }
-            except Exception:  # no gguf package, or a file it cannot read: the placeholder, always
-                types = {"F32"}
-            self._agrees = not types & _SGEMM_TYPES
-        return self._agrees
+        return LlamaCppCache(self, Context(self, batch_size, max_length), batch_size, max_length)
 
     def release_context(self, context: Context) -> None:
         """A cache is gone: keep its context for the next one (the larger of two), free the other."""
