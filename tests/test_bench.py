@@ -24,12 +24,36 @@ def test_profile_has_one_time_per_position_count_and_a_draft_ratio(pair):
     profile = profile_costs(target, draft, k_max=3, context_length=20, repeats=3, use_cache=False)
     assert len(profile.target_s) == 4 and all(t > 0 for t in profile.target_s)
     assert profile.r[0] == 1.0 and profile.c > 0 and profile.context_length == 32
-    assert profile_costs(target, draft, k_max=3, context_length=30, repeats=3) is profile_costs(
+    assert profile_costs(target, draft, k_max=3, context_length=30, repeats=3) == profile_costs(
         target, draft, k_max=3, context_length=17, repeats=3
     )
     assert [context_bucket(n) for n in (1, 2, 3, 64, 65)] == [1, 2, 4, 64, 128]
     with pytest.raises(ValueError, match="k_max"):
         profile_costs(target, draft, k_max=-1)
+
+
+def _counted(model) -> list:
+    calls, forward = [], model.forward
+    model.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
+    return calls
+
+
+def test_candidates_drafting_with_one_file_share_its_measured_cost(pair):
+    """`plan` loads a model once per candidate ('MODEL' and 'string:MODEL'): the draft's cost is
+    measured once per file and the target's once per target, so that timing noise cannot rank two
+    candidates drafting with one file apart. The negative control: another file is measured."""
+    _, draft_dir, target, _ = pair
+    one, two, other = (load_pretrained(draft_dir) for _ in range(3))
+    one.path = two.path = draft_dir
+    other.path = draft_dir / "elsewhere"
+    first = profile_costs(target, one, k_max=2, context_length=24, repeats=2, warmup=0)
+    target_calls, draft_calls = _counted(target), _counted(two)
+    assert profile_costs(target, two, k_max=2, context_length=24, repeats=2, warmup=0) == first
+    assert target_calls == [] and draft_calls == []
+    other_calls = _counted(other)
+    assert profile_costs(target, other, k_max=2, context_length=24, repeats=2, warmup=0).target_s == first.target_s
+    assert target_calls == [] and len(other_calls) > 0
+    del target.forward
 
 
 def test_bench_reports_every_run_with_the_documented_fields(pair, tmp_path):

@@ -5,7 +5,10 @@ besides drafting: the forward pass over n positions, `process_logits` and `verif
 step is one single-position forward, `process_logits` and a draw. Every n is measured in
 round-robin order after a warm-up, repeated, and the median kept, so drift on a shared
 machine lands on every n alike. Results are cached per (model, dtype, batch, context
-bucket). Knows nothing of text; the refined model that consumes r and c is in theory.py.
+bucket), the target's times and the draft's apart (a draft model is known by its file where it
+has one), so that candidates of one `plan` share the target's times and two candidates drafting
+with one file share its cost: their ranking then rests on acceptance, not on timing noise.
+Knows nothing of text; the refined model that consumes r and c is in theory.py.
 
 Also owns `calibrate`: real passes of a server's `engine.Batch` (drafter, caches, rule and
 bookkeeping included) at every batch size the server will see and every k in 0..k_max, timed
@@ -26,7 +29,14 @@ from ..config import SamplingParams
 from ..rejection import verify
 from ..sampling import process_logits, sample
 
-_CACHE: dict[tuple, CostProfile] = {}
+_TARGET_S: dict[tuple, tuple[float, ...]] = {}  # (target, dtype, batch, context, k_max) -> t_target(1..k_max+1)
+_DRAFT_S: dict[tuple, float] = {}  # (draft, dtype, batch, context) -> t_draft
+
+
+def _identity(model: torch.nn.Module) -> tuple:
+    """What a cached time is keyed by: a model's file and threads where it has one, else the object."""
+    path = getattr(model, "path", None)
+    return ("file", str(path), getattr(model, "n_threads", None)) if path is not None else ("object", id(model))
 
 
 @dataclass(frozen=True)
@@ -83,32 +93,34 @@ def profile_costs(
         if limit < k_max + 2:
             raise ValueError(f"k_max ({k_max}) does not fit in the model's context of {limit} positions")
         context = min(context, limit - k_max - 1)
-    key = (id(target), id(draft_model), target.dtype, batch_size, context, k_max)
-    if use_cache and key in _CACHE:
-        return _CACHE[key]
+    target_key = (_identity(target), target.dtype, batch_size, context, k_max)
+    draft_key = (
+        (_identity(draft_model), getattr(draft_model, "dtype", None), batch_size, context) if draft_model else None
+    )
+    target_s = _TARGET_S.get(target_key) if use_cache else None
+    draft_s = _DRAFT_S.get(draft_key) if use_cache and draft_key is not None else None
     params = SamplingParams(temperature=1.0)
     generator = torch.Generator(device=target.device).manual_seed(0)
-    target_cache = _prefilled(target, batch_size, context, k_max + 1, generator)  # one cache: every step rolls back
-    steps = {n: _target_step(target, target_cache, n, params, generator) for n in range(1, k_max + 2)}
-    if draft_model is not None:
+    steps = {}
+    if target_s is None:
+        target_cache = _prefilled(target, batch_size, context, k_max + 1, generator)  # one cache: every step rolls back
+        steps = {n: _target_step(target, target_cache, n, params, generator) for n in range(1, k_max + 2)}
+    if draft_model is not None and draft_s is None:
         steps["draft"] = _draft_step(
             draft_model, _prefilled(draft_model, batch_size, context, 1, generator), params, generator
         )
     times: dict[object, list[float]] = {name: [] for name in steps}
-    for round_ in range(warmup + repeats):
+    for round_ in range(warmup + repeats if steps else 0):
         for name, step in steps.items():
             started = time.perf_counter()
             step()
             if round_ >= warmup:
                 times[name].append(time.perf_counter() - started)
-    profile = CostProfile(
-        target_s=tuple(statistics.median(times[n]) for n in range(1, k_max + 2)),
-        draft_s=statistics.median(times["draft"]) if draft_model is not None else None,
-        batch_size=batch_size,
-        context_length=context,
-    )
-    _CACHE[key] = profile
-    return profile
+    if target_s is None:
+        target_s = _TARGET_S[target_key] = tuple(statistics.median(times[n]) for n in range(1, k_max + 2))
+    if draft_model is not None and draft_s is None:
+        draft_s = _DRAFT_S[draft_key] = statistics.median(times["draft"])
+    return CostProfile(target_s=target_s, draft_s=draft_s, batch_size=batch_size, context_length=context)
 
 
 def _prefilled(model: torch.nn.Module, batch_size: int, context: int, extra: int, generator: torch.Generator):
