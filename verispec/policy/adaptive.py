@@ -117,7 +117,7 @@ class AdaptiveLength:
         """(tokens, seconds, uncertainty) for k = 0..k_max at this batch size: the decision's inputs."""
         s = self.settings
         goes_on = self.continues(batch)
-        prior_tokens = _prior_tokens(s.prior_alpha, tuple(goes_on))
+        prior_tokens = _prior_tokens(s.prior_alpha, tuple(round(d, 2) for d in goes_on))  # a prior: 0.01 will do
         tokens = self.text.expected(self.passes, prior_tokens, s.prior_passes)
         seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
         fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]

@@ -154,7 +154,10 @@ class TextAcceptance:
                 starts[s + j] = starts.get(s + j, 0.0) + stop
                 committed += stop * (j + 1)
                 run *= go
-            starts[s + k] = starts.get(s + k, 0.0) + run
+                if not run:  # a position nothing gets past (a rejection at T = 0): the rest adds nothing
+                    break
+            else:
+                starts[s + k] = starts.get(s + k, 0.0) + run
             tokens, passes = tokens + committed + run * (k + 1), passes + mass
         return tokens, passes
 
