@@ -6,9 +6,11 @@ verispec's exact kernels (the default) a position's logits must not depend on th
 computes them (one position or several, one row or two, a small or a large cache), and greedy
 speculative decoding must give plain decoding's tokens, with a model draft and with prompt
 lookup, at k = 1, 2, 4 and auto, one row and a batch, on the Python path and the compiled step.
-Negative controls: the same measurement without the placeholders finds a gap on f16, and
-without the placeholder per row of one token on Q4_K_M; a process with `--exact-kernels off`
-finds one on Q4_K_M.
+Two regimes: sgemm's attention with no sequence of one token (files with a matrix llamafile's
+sgemm takes) and flash attention with a placeholder past its split (the others). Negative
+controls: the same measurement without the placeholders finds a gap on f16, without the
+placeholder per row of one token on f16, without flash attention's past the split on Q4_K_M;
+a process with `--exact-kernels off` finds one on Q4_K_M.
 """
 
 from __future__ import annotations
@@ -169,14 +171,27 @@ def test_past_256_cells_the_pass_shape_still_does_not_matter(files, name):
 
 
 def test_without_a_placeholder_per_row_one_token_rows_show_the_pass_shape(files, monkeypatch):
-    """The negative control of the per-row placeholder: rows of one token each in a pass of two
-    rows take attention's one-query kernel (ggml's vec_dot_f16), which differs from sgemm's."""
+    """The negative control of the per-row placeholder under sgemm's attention (F16): rows of one
+    token each in a pass of two rows take attention's one-query kernel (ggml's vec_dot_f16)."""
     from verispec.llamacpp import context
 
     fill = context.Context._fill_gaps
     monkeypatch.setattr(
         context.Context, "_fill_gaps", lambda self, seqs, positions, always=False: fill(self, seqs, positions)
     )
-    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    model = LlamaCppModel(files["F16"], n_threads=2)
+    assert not model.flash_attention
     found = pass_shape_deviation(model, _contexts(model))
     assert found.positions == 0.0 and found.rows > 0, found
+
+
+def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monkeypatch):
+    """The negative control of flash attention's placeholder: none at any position on a file whose
+    matrices all take dot-product kernels (Q4_K_M: flash attention), and the split shows at 300 tokens."""
+    from verispec.llamacpp import context
+
+    monkeypatch.setattr(context, "SPLIT_KV_FROM", 10**9)
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    assert model.new_cache(1, 8).context.flash
+    assert pass_shape_deviation(model, contexts).largest > 0

@@ -38,6 +38,8 @@ _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many 
 #                       the built-in target costs about as much as 6 more positions in it)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
+SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
+#                     512 cells: llama.cpp pads the cells read to 256, so from position 256 on (a margin below it)
 
 
 class ContextOwner(Protocol):
@@ -48,6 +50,7 @@ class ContextOwner(Protocol):
     n_threads: int
     kv_type: str  # a key of KV_TYPES
     shape_invariant: bool  # placeholders: a position's logits do not depend on the pass
+    flash_attention: bool  # with shape_invariant: flash attention, not sgemm's (see Context)
     vocab_size: int
 
     def release_context(self, context: Context) -> None:
@@ -95,10 +98,13 @@ class Context:
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
         params.type_k = params.type_v = KV_TYPES[model.kv_type]
-        # flash attention off, as llama-cpp-python's Llama: attention is two matrix products in the cache's type
-        # (llamafile's sgemm from 2 queries per sequence on, which the placeholders guarantee); CPU flash attention
-        # runs each query on its own and costs about twice as much for a verification pass (docs/EXACTNESS.md)
-        params.flash_attn_type = 0
+        # two shape-invariant regimes (docs/EXACTNESS.md). sgemm's attention (flash attention off, as llama-cpp-python's
+        # Llama): two matrix products in the cache's type, llamafile's sgemm from 2 queries per sequence on, so no
+        # sequence of a pass has one token (placeholders); a verification pass costs about half flash attention's.
+        # Flash attention, for a file whose matrices all take dot-product kernels at every width: each query on its
+        # own, so a one-token pass needs no placeholder until flash attention would split its cells (SPLIT_KV_FROM)
+        self.flash = model.shape_invariant and model.flash_attention
+        params.flash_attn_type = 1 if self.flash else 0
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
@@ -194,22 +200,25 @@ class Context:
         one sequence with one token, or with logits at one position only, would run llama.cpp's
         one-column kernels (llamafile's sgemm takes 2 columns or more; attention's products take
         one query per sequence; the last layer and the output head run on the positions with
-        logits). The placeholder follows the sequence's last token, with logits, in the same
-        llama_decode; its cell is removed after."""
+        logits); with flash attention, only its split over threads from SPLIT_KV_FROM on. The
+        placeholder follows the sequence's last token, with logits, in the same llama_decode; its
+        cell is removed after."""
         if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
             return None
         wanted = len(tokens) if outputs is True else 0 if outputs is False else int(np.count_nonzero(outputs))
         if len(tokens) > 1 and wanted != 1:
             return None
         position = int(positions.max()) + 1
+        if self.flash and position <= SPLIT_KV_FROM:
+            return None
         return position if position < self.n_ctx_seq else None
 
     def _fill_gaps(
         self, seqs: np.ndarray, positions: np.ndarray, always: bool = False
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """(sequences, positions) of placeholder tokens that give every sequence from the batch's
-        lowest to its highest the same number of tokens (at least 2 with `always`: attention's
-        products of one query per sequence take other kernels), or None where they would not pay.
+        lowest to its highest the same number of tokens (at least 2 with `always` under sgemm's
+        attention: its products of one query per sequence take other kernels), or None where they would not pay.
         With one KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive
         sequence ids that each take the same number of tokens from every one of them
         (split_equal), and each ubatch reads every weight: a row that finished left a gap in a
@@ -220,7 +229,7 @@ class Context:
         after the decode (`decode`). Padded where that costs fewer positions than the ubatches it
         saves (`_UBATCH_POSITIONS` each): a decode pass, not a prefill of prompts of different lengths."""
         present, counts = np.unique(seqs, return_counts=True)
-        lo, hi, most = int(present[0]), int(present[-1]), max(int(counts.max()), 2 if always else 1)
+        lo, hi, most = int(present[0]), int(present[-1]), max(int(counts.max()), 2 if always and not self.flash else 1)
         if hi - lo + 1 == len(present) and int(counts.min()) == most:
             return None
         full = np.zeros(hi - lo + 1, dtype=np.int64)

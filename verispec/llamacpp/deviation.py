@@ -99,7 +99,8 @@ def startup_deviation(model) -> Deviation:
                 system_info(),
                 exact_kernels(),
                 getattr(model, "shape_invariant", None),
-                "attention by sgemm, two tokens a sequence",  # the placeholder rules measured (context.py)
+                getattr(model, "flash_attention", None),
+                "attention regimes by file type",  # the placeholder rules measured (context.py)
                 model.n_threads,
             ]
         ).encode()

@@ -27,8 +27,10 @@
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
  * ids: an inactive row between two active ones gets placeholder tokens after its last cell (removed after the pass),
- * so that llama.cpp runs the batch as one ubatch; and no sequence has one token in it: a plain pass gives every row a
- * placeholder after its token (with logits when it is the only row, so that the output head has two columns).
+ * so that llama.cpp runs the batch as one ubatch. With invariant == 2 (sgemm's attention) no sequence has one token in
+ * it: a plain pass gives every row a placeholder after its token (with logits when it is the only row, so that the
+ * output head has two columns). With invariant == 1 (flash attention) only a pass of one token gets one, from
+ * position SPLIT_KV_FROM on (flash attention's split of one query's cells over the threads).
  * A position's logits then come from the same kernels whatever the pass holds (context.py, `Context.decode`, does the same).
  *
  * Compiled with -ffast-math (the reductions, expf and logf vectorize only with reassociation;
@@ -45,6 +47,7 @@
 #include <time.h>
 
 #define TOO_MANY_TOKENS (-1) /* a batch would exceed its capacity: nothing was changed */
+#define SPLIT_KV_FROM 240   /* as context.py's SPLIT_KV_FROM */
 
 /* sampling.process_logits's settings at temperature > 0 (config.SamplingParams). */
 struct verispec_sampling {
@@ -562,7 +565,7 @@ struct verispec_step_args {
     int32_t *output;              /* [rows, k + 1] out: the committed tokens (num_accepted[b] proposals, then one) */
     int32_t *num_accepted;        /* [rows] out */
     double *seconds;              /* [2] grow by the time inside the draft's and the target's llama_decode */
-    int32_t invariant;            /* 0: ordinary passes; 1: shape-invariant passes (placeholders; see above) */
+    int32_t invariant;            /* 0: ordinary passes; 1, 2: shape-invariant passes (placeholders; see above) */
     const float *taus;            /* [rows] each row's proposal temperature (proposal.py), or NULL: 1 (q itself) */
     const float *grid_taus;       /* [grid_size] the grid whose acceptance the rule measures */
     int32_t grid_size;            /* 0: none (a fixed tau) */
@@ -618,15 +621,17 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     struct work w = sampled ? work_of(a->scratch, a->index, vocab) : (struct work){0};
     llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
     const int32_t n_ctx_seq = (int32_t)llama_n_ctx_seq(target);
-    /* positions of every row in the target's pass: k + 1, at least 2 with invariant (placeholders after a lone token) */
-    const int32_t per_row = invariant && k == 0 ? 2 : k + 1;
+    /* positions of every row in the target's pass: k + 1, at least 2 under sgemm's attention (a placeholder after a
+     * lone token) and for a lone row past SPLIT_KV_FROM under flash attention */
+    const int32_t lone = invariant == 2 || (invariant == 1 && live == 1 && target_length[lo] + 1 > SPLIT_KV_FROM);
+    const int32_t per_row = lone && k == 0 ? 2 : k + 1;
     int32_t pad_at[rows > 0 ? rows : 1]; /* an inactive row's placeholders go after its last cell (as context.py's) */
     for (int32_t b = lo + 1; invariant && b < hi; b++) { /* past a sequence's room: an ordinary pass instead */
         if (active[b]) continue;
         pad_at[b] = (int32_t)llama_memory_seq_pos_max(target_memory, b) + 1;
         if (pad_at[b] + per_row > n_ctx_seq) invariant = 0;
     }
-    for (int32_t b = lo; invariant && k == 0 && b <= hi; b++)
+    for (int32_t b = lo; invariant && lone && k == 0 && b <= hi; b++)
         if (active[b] && target_length[b] + 2 > n_ctx_seq) invariant = 0;
     const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
     if (span * per_row > a->capacity || (k > 0 && first > a->capacity)) return TOO_MANY_TOKENS;
@@ -671,7 +676,7 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b] && !(invariant && b > lo && b < hi)) continue;
         at_of[b] = target_batch->n_tokens;
-        const int32_t positions = invariant && drafted == 0 ? 2 : drafted + 1;
+        const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1;
         if (!active[b]) { /* a placeholder row: as many tokens, no logits, removed after the pass */
             for (int32_t i = 0; i < positions; i++) put(target_batch, 0, pad_at[b] + i, b, 0);
             continue;

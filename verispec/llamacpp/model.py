@@ -26,6 +26,16 @@ from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
 
+_SGEMM_TYPES = {
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q5_0",
+    "IQ4_NL",
+}  # matrices llamafile's sgemm takes from 2 columns on
+
 
 @dataclass(frozen=True)
 class GGUFConfig:
@@ -60,7 +70,9 @@ class LlamaCppModel:
     there (more threads than cores only wait for each other). `kv_type` is
     the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
     PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3). Both are
-    shape-invariant under exact kernels (docs/EXACTNESS.md).
+    shape-invariant under exact kernels (docs/EXACTNESS.md). `flash_attention`: whether its
+    shape-invariant contexts run flash attention (a file whose matrices all take dot-product
+    kernels at every width, with an f16 cache) or sgemm's attention (context.py).
     """
 
     device = torch.device("cpu")
@@ -81,6 +93,7 @@ class LlamaCppModel:
             params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
         # a draft may turn it off before its first cache (its logits need not be invariant)
         self.shape_invariant = exact_kernels()
+        self.flash_attention = kv_type == "f16" and not _matrix_types(path) & _SGEMM_TYPES  # context.py: two regimes
         clear_log()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
@@ -273,3 +286,13 @@ def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
     """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
     top = logits.max(axis=-1, keepdims=True)
     return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
+
+
+def _matrix_types(path: Path) -> set[str]:
+    """The GGUF types of a file's matrices (read from its header); {"F32"} where it cannot be read."""
+    try:
+        from gguf import GGUFReader
+
+        return {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) > 1 and t.shape[1] > 1}
+    except Exception:  # no gguf package, or a file it cannot read: the regime that holds for every type
+        return {"F32"}
