@@ -468,7 +468,7 @@ def test_negative_control_a_line_through_two_noisy_neighbours_keeps_drafting(mon
     """The least-squares line through the times at k = 3 and 4, also with a profile and not held flat: it
     falls, predicts plain dearer than any draft, and the policy keeps drafting tokens nobody accepts."""
 
-    def line(self, batch, known):
+    def line(self, batch, known, goes_on):
         mean_k, mean_t = (sum(x) / len(known) for x in zip(*known))
         slope = sum((k - mean_k) * (t - mean_t) for k, t in known) / sum((k - mean_k) ** 2 for k, _ in known)
         return [mean_t + slope * (k - mean_k) for k in range(self.k_max + 1)], [0.05] * (self.k_max + 1)

@@ -100,7 +100,7 @@ class Context:
         params.type_k = params.type_v = KV_TYPES[model.kv_type]
         # two shape-invariant regimes (docs/EXACTNESS.md). sgemm's attention (flash attention off, as llama-cpp-python's
         # Llama): two matrix products in the cache's type, llamafile's sgemm from 2 queries per sequence on, so no
-        # sequence of a pass has one token (placeholders); a verification pass costs about half flash attention's.
+        # sequence of a pass has one token (placeholders).
         # Flash attention, for a file whose matrices all take dot-product kernels at every width: each query on its
         # own, so a one-token pass needs no placeholder until flash attention would split its cells (SPLIT_KV_FROM)
         self.flash = model.shape_invariant and model.flash_attention

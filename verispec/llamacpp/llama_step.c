@@ -673,10 +673,10 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     /* Target: [pending, x_1..x_drafted] of every row in one pass, logits at every position. */
     int32_t at_of[rows]; /* row b's first place in the target's batch */
     target_batch->n_tokens = 0;
+    const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1; /* per row in the pass */
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b] && !(invariant && b > lo && b < hi)) continue;
         at_of[b] = target_batch->n_tokens;
-        const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1;
         if (!active[b]) { /* a placeholder row: as many tokens, no logits, removed after the pass */
             for (int32_t i = 0; i < positions; i++) put(target_batch, 0, pad_at[b] + i, b, 0);
             continue;

@@ -14,6 +14,7 @@ sampling or speculation.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,6 @@ class LlamaCppModel:
             params.use_extra_bufts = False  # repacked weights: a GEMV kernel for one position, GEMM for more
         # a draft may turn it off before its first cache (its logits need not be invariant)
         self.shape_invariant = exact_kernels()
-        self.flash_attention = kv_type == "f16" and not _matrix_types(path) & _SGEMM_TYPES  # context.py: two regimes
         clear_log()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
@@ -117,6 +117,12 @@ class LlamaCppModel:
         )
         self._spare: Context | None = None
         self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
+
+    @functools.cached_property
+    def flash_attention(self) -> bool:
+        """Whether shape-invariant contexts run flash attention (context.py: two regimes); read from the
+        file's header once, when a shape-invariant context first asks (a draft's never does)."""
+        return self.kv_type == "f16" and not _matrix_types(self.path) & _SGEMM_TYPES
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"

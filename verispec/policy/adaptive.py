@@ -121,7 +121,8 @@ class AdaptiveLength:
         tokens = self.text.expected(self.passes, prior_tokens, s.prior_passes)
         seen = [self.times.get(batch, k, self.passes) for k in range(self.k_max + 1)]
         fresh = [(k, m[0]) for k, m in enumerate(seen) if m is not None and m[1] > 0]
-        predicted, prior_u = self._predicted_seconds(batch, fresh or [(k, m[0]) for k, m in enumerate(seen) if m])
+        known = fresh or [(k, m[0]) for k, m in enumerate(seen) if m]
+        predicted, prior_u = self._predicted_seconds(batch, known, goes_on)
         seconds, uncertainty = list(predicted), list(prior_u)
         for k, m in enumerate(seen):
             if m is not None and m[1] > 0:  # measured lately
@@ -130,7 +131,9 @@ class AdaptiveLength:
         seconds = [t + (per_token * batch * e if k > 0 else 0.0) for k, (t, e) in enumerate(zip(seconds, tokens))]
         return tokens, seconds, uncertainty
 
-    def _predicted_seconds(self, batch: int, known: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
+    def _predicted_seconds(
+        self, batch: int, known: list[tuple[int, float]], goes_on: list[float]
+    ) -> tuple[list[float], list[float]]:
         """Seconds at k = 0..k_max by the cost model, fitted to the (k, seconds) known at this batch size, and
         their uncertainty: a calibration's times, corrected per k by how recent passes at any batch size ran
         against them (`drift`), then scaled to the known ones; else a profile's shape scaled to them; else (the
@@ -150,7 +153,7 @@ class AdaptiveLength:
             drift, measured = self.drift()
             shape = [x * d for x, d in zip(shape, drift)]
             prior_u = [s.prior_uncertainty if m else s.default_uncertainty for m in measured]
-        shape = capped_seconds(shape, self.continues(batch))  # a pass allowed k: its draft may stop sooner
+        shape = capped_seconds(shape, goes_on)  # a pass allowed k: its draft may stop sooner (goes_on: `continues`)
         ratios = [t / shape[k] for k, t in known if shape[k] > 0]
         scale = statistics.median(ratios) if ratios else 1.0
         return [x * scale for x in shape], prior_u
