@@ -241,3 +241,32 @@ def test_at_llama_cpp_default_truncation_the_step_runs_and_feeds_the_proposal_te
                     assert np.allclose(np.asarray(grid)[b, : len(row), column], row, atol=1e-5)
                     checked += 1
     assert checked > 10 and any((taus < 1).any() for taus, *_ in calls)
+
+
+def test_plan_times_a_draft_on_the_compiled_step_it_runs_on(pair, monkeypatch):
+    """`plan` predicts what `bench` measures: for a draft that llama.cpp's compiled step runs, its costs
+    come from passes of that step at every k (`profile_passes`), not from the Python path's forward,
+    process_logits and draw. The negative control: a target without the compiled step is timed on the
+    Python path, and no compiled pass runs."""
+    from verispec.analysis.plan import plan
+    from verispec.analysis.profile import profile_passes
+
+    target, draft, prompts = pair
+    ks, run = [], llamacpp_step.CompiledStep.run
+    monkeypatch.setattr(
+        llamacpp_step.CompiledStep, "run", lambda self, k, *a, **kw: ks.append(k) or run(self, k, *a, **kw)
+    )
+    costs = profile_passes(target, ModelDrafter(draft), k_max=3, context_length=40, repeats=1)
+    assert len(costs.target_s) == 4 and min(costs.target_s) > 0 and costs.draft_s > 0
+    assert sorted(set(ks)) == [0, 1, 2, 3]
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    report = plan(target, {"draft": ModelDrafter(draft)}, prompts[:1], params, k_max=3)
+    context = len(prompts[0]) + 12
+    assert report["candidates"][0]["c"] == profile_passes(target, ModelDrafter(draft), 3, context).c  # its cached costs
+    ks.clear()
+    target.compiled_step = lambda *args: None  # the Python path
+    try:
+        python = profile_passes(target, ModelDrafter(draft), k_max=2, context_length=40, repeats=1)
+    finally:
+        vars(target).pop("compiled_step", None)
+    assert ks == [] and len(python.target_s) == 3

@@ -37,7 +37,7 @@ from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
 from ..proposal import acceptance_grid
 from ..sampling import RowSampling, process_logits
-from .profile import profile_costs
+from .profile import profile_costs, profile_passes
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:
@@ -259,7 +259,10 @@ def plan(
             runs = [None] * len(blocks)
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
-        profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
+        if hasattr(draft, "own_model") and getattr(target, "compiled_step", None) is not None:
+            profile = profile_passes(target, draft, k_max, context)  # the compiled step: timed as it runs
+        else:
+            profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         c = profile.c or 0.0  # None: no draft model (prompt lookup)
         r = list(itertools.accumulate(profile.r, max))  # a pass over more positions is never cheaper: timing noise
         tokens = sum(len(flags) for flags in proposes)

@@ -13,7 +13,9 @@ Knows nothing of text; the refined model that consumes r and c is in theory.py.
 Also owns `calibrate`: real passes of a server's `engine.Batch` (drafter, caches, rule and
 bookkeeping included) at every batch size the server will see and every k in 0..k_max, timed
 into an `AdaptiveLength` before the first request, so that `--k auto` starts from measured
-t_target(B(k+1)) and t_draft(B, k) instead of exploring under load.
+t_target(B(k+1)) and t_draft(B, k) instead of exploring under load; and `profile_passes`, the
+same passes at one row turned into a CostProfile (`plan`'s costs for a draft that llama.cpp's
+compiled step runs, as `bench` and `generate` run it).
 """
 
 from __future__ import annotations
@@ -228,3 +230,47 @@ def calibrate(
         {n: statistics.median(t) for n, t in target.items()}, {key: statistics.median(t) for key, t in draft.items()}
     )
     return time.perf_counter() - started
+
+
+class _Costs:
+    """Receives a calibration's medians (`calibrate` calls seed_costs, as on AdaptiveLength)."""
+
+    def __init__(self, k_max: int):
+        self.k_max, self.target, self.draft = k_max, {}, {}
+
+    def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
+        self.target, self.draft = target, draft
+
+
+_PASSES: dict[tuple, CostProfile] = {}  # (target, draft, context, k_max) -> profile_passes
+
+
+@torch.no_grad()
+def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, repeats: int = 5) -> CostProfile:
+    """t_target(1..k_max+1) and t_draft from passes of a real engine.Batch of one row (`calibrate`):
+    the path `generate` and `bench` run, llama.cpp's compiled step where it applies, with its own
+    sampling, rule and bookkeeping in the times (`profile_costs` times the Python path's). A pass
+    of k proposals is t_target(k + 1); t_draft is the median over k of its drafting time / k."""
+    from ..engine import Batch  # the engine and the policies sit above this module
+    from ..policy import FixedLength
+
+    context = context_bucket(context_length)
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    budget = 3 + k_max * (k_max + 3) // 2  # what calibrate's script commits at most
+    if isinstance(limit, int):
+        context = max(1, min(context, limit - budget - k_max - 1))
+    model = getattr(drafter, "model", None)
+    key = (_identity(target), _identity(model) if model is not None else None, context, k_max)
+    if key in _PASSES:
+        return _PASSES[key]
+    costs = _Costs(k_max)
+    params = SamplingParams(temperature=0, max_new_tokens=1)
+    batch = Batch(target, [], params, drafter, FixedLength(k_max), capacity=1, max_length=context + budget + k_max + 1)
+    try:
+        calibrate(batch, costs, [1], max_model_len=4 * context + budget, repeats=repeats, prompt_length=context)
+    finally:
+        batch.close()
+    target_s = tuple(costs.target[n] for n in range(1, k_max + 2))
+    draft_s = statistics.median(costs.draft[(1, k)] / k for k in range(1, k_max + 1)) if model is not None else None
+    _PASSES[key] = CostProfile(target_s=target_s, draft_s=draft_s, batch_size=1, context_length=context)
+    return _PASSES[key]
