@@ -15,7 +15,10 @@ S(k) replays the engine's blocks over the continuation: from t, a block accepts 
 proposals with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at
 t + i + 1. The expected cost of covering the continuation (k*c + r(k+1) per drafting pass,
 r(1) per plain one, from the profiler) is summed backwards from its end, and S(k) = tokens /
-cost. Greedy (beta in {0, 1}) makes it the engine's own count of passes on that
+cost. Costs are in passes of verispec's plain decoding, the baseline `bench` compares with: on
+llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; other
+drafters run the Python path (`profile_costs`), whose r(1) is then above 1. Greedy (beta in
+{0, 1}) makes it the engine's own count of passes on that
 continuation. Blocks start where the last one stopped, after a rejection more often than at
 a random position, which a mean of beta over every position misses (it overstated prompt
 lookup by 1.5-2x). The per-position alpha_i that `plan` reports are that mean (block
@@ -247,6 +250,9 @@ def plan(
     sequences = [list(p) + c for p, c in zip(prompts, continuations)]
     context = round(sum(map(len, sequences)) / len(sequences))
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
+    # S(k) is over verispec's plain decoding, as bench's: on llama.cpp a plain pass runs the compiled step
+    compiled = getattr(target, "compiled_step", None) is not None
+    plain_s = profile_passes(target, None, 0, context, repeats=7).target_s[0] if compiled else None
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
@@ -259,17 +265,20 @@ def plan(
             runs = [None] * len(blocks)
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
-        if hasattr(draft, "own_model") and getattr(target, "compiled_step", None) is not None:
+        if hasattr(draft, "own_model") and compiled:
             profile = profile_passes(target, draft, k_max, context)  # the compiled step: timed as it runs
         else:
             profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
-        c = profile.c or 0.0  # None: no draft model (prompt lookup)
-        r = list(itertools.accumulate(profile.r, max))  # a pass over more positions is never cheaper: timing noise
+        unit = plain_s or profile.target_s[0]  # costs in plain passes
+        c = (profile.draft_s or 0.0) / unit  # no draft model (prompt lookup): 0
+        # a pass over more positions is never cheaper (timing noise)
+        r = list(itertools.accumulate((t / unit for t in profile.target_s), max))
         tokens = sum(len(flags) for flags in proposes)
         predicted = [
             tokens / sum(replay_cost(beta, flags, k, c, r, run) for (beta, flags), run in zip(blocks, runs))
-            for k in range(k_max + 1)
+            for k in range(1, k_max + 1)
         ]
+        predicted = [1.0, *predicted]  # k = 0: plain decoding, the baseline
         share = float(torch.cat(proposes).double().mean())
         best = max(range(k_max + 1), key=lambda k: (predicted[k], -k))
         report["candidates"].append(

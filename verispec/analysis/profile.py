@@ -198,7 +198,7 @@ def calibrate(
         return 0.0
     params = SamplingParams(temperature=0, max_new_tokens=budget)
     scripted, saved = _Scripted(k_max), batch.policy
-    script = [0, 1, *range(1, k_max + 1)]
+    script = [0, 1, *range(1, k_max + 1)] if k_max else [0, 0, 0]
     started = time.perf_counter()
     batch.policy = scripted
     try:
@@ -250,7 +250,8 @@ def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, r
     """t_target(1..k_max+1) and t_draft from passes of a real engine.Batch of one row (`calibrate`):
     the path `generate` and `bench` run, llama.cpp's compiled step where it applies, with its own
     sampling, rule and bookkeeping in the times (`profile_costs` times the Python path's). A pass
-    of k proposals is t_target(k + 1); t_draft is the median over k of its drafting time / k."""
+    of k proposals is t_target(k + 1); t_draft is the median over k of its drafting time / k. With no
+    drafter (k_max 0): plain passes, the baseline `bench` compares with."""
     from ..engine import Batch  # the engine and the policies sit above this module
     from ..policy import FixedLength
 

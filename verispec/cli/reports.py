@@ -11,8 +11,8 @@ from ..analysis.llamacpp_program import PROGRAM
 def bench_lines(result: dict, repeats: int) -> list[str]:
     """`verispec bench`: one row per (k, temperature, mode), then what the columns mean."""
     header = (
-        f"{'k':>5} {'T':>4} {'mode':>9} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'pred':>5} "
-        f"{'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} {'tau':>4} identical"
+        f"{'k':>5} {'T':>4} {'mode':>9} {'base tok/s':>10} {'spec tok/s':>10} {'speedup':>16} {'decode':>6} "
+        f"{'pred':>5} {'alpha_hat':>9} {'beta':>5} {'bound':>5} {'tok/pass':>8} {'tau':>4} identical"
     )
     lines = [header]
     for run in result["runs"]:
@@ -23,11 +23,14 @@ def bench_lines(result: dict, repeats: int) -> list[str]:
         tau = "-" if run.get("draft_temperature") is None else f"{run['draft_temperature']:g}"
         lines.append(
             f"{run['k']!s:>5} {run['temperature']:>4} {run['sampling']:>9} {run['tokens_per_s_baseline']:>10.1f} "
-            f"{run['tokens_per_s_speculative']:>10.1f} {spread:>16} {predicted:>5} {run['alpha_hat']:>9.3f} "
+            f"{run['tokens_per_s_speculative']:>10.1f} {spread:>16} {run['decode_speedup']:>6.2f} {predicted:>5} "
+            f"{run['alpha_hat']:>9.3f} "
             f"{run['beta']:>5.3f} {bound:>5} {run['mean_tokens_per_pass']:>8.2f} {tau:>4} {identical}"
         )
     lines.append(
-        "tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max]; identical: "
+        "tok/pass includes the recovered/bonus token; speedup = median of per-pair ratios [min, max], prefill "
+        "included; decode: the same without the prefill (what plan predicts); pred: the refined model's, prefill "
+        "included; identical: "
         "the speculative tokens are the plain ones (greedy; invariant mode at T > 0); tau: the draft's proposal "
         "temperature most prompts ended at (q^(1/tau); --draft-temperature); bound: beta/(2 - beta) of "
         "the rejection run, the least invariant mode's acceptance can be; invariant mode's beta is its "
