@@ -391,6 +391,14 @@ def test_replay_cost_by_hand():
     cost_2, cost_1 = 1.5, 1.0 + 1.5
     assert replay_cost(beta, proposes, 1, 0.0, [1.0, 1.5]) == pytest.approx(1.5 + 0.5 * cost_2 + 0.5 * cost_1)
     assert replay_cost(beta, proposes, 0, 0.0, [1.0, 1.5]) == 3.0
+    # k = 3 but the drafter proposes 1 token from 0 and 2 from 2 (suffix drafting's short matches): a pass
+    # costs r(proposed + 1), not r(k + 1). From 0: accepted (0.5) -> 2, else -> 1 (a plain pass, then 2).
+    beta = torch.tensor([[0.5, 0, 0], [1.0, 0, 0], [1.0, 1.0, 0]], dtype=torch.float64)
+    lengths, r = torch.tensor([1, 0, 2]), [1.0, 1.5, 2.0, 4.0]
+    from_2 = 2.0  # one pass of 2 proposals reaches the end
+    expected = 1.5 + 0.5 * from_2 + 0.5 * (1.0 + from_2)
+    assert replay_cost(beta, proposes, 3, 0.0, r, lengths=lengths) == pytest.approx(expected)
+    assert replay_cost(beta, proposes, 3, 0.0, r) == pytest.approx(4.0 + 0.5 * 4.0 + 0.5 * (1.0 + 4.0))  # r(k + 1)
 
 
 @pytest.mark.parametrize("k", [1, 3])

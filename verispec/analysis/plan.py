@@ -86,7 +86,9 @@ def teacher_forced_blocks(
     proposes [T] bool. `draft` is a causal LM, a ModelDrafter, a PromptLookupDrafter or a
     SuffixDrafter (whose proposals past their own length are not proposed: beta 0 there).
     A draft model's beta is at its proposal temperature (`model_acceptance`), which it writes
-    into `proposal_report` when one is given."""
+    into `proposal_report` when one is given; a model-free drafter writes there its proposals'
+    lengths per sequence ("lengths": [T] long, 0 where it proposes nothing), which set the
+    positions of its passes (suffix drafting proposes fewer than k where its match is short)."""
     if isinstance(draft, CombinedDrafter):  # a combined draft
         return [block for block, _ in combined_blocks(target, draft, sequences, starts, params, k_max)]
     model = draft_model_of(draft)
@@ -96,6 +98,8 @@ def teacher_forced_blocks(
             "or a SuffixDrafter"
         )
     lookups = _lookups(draft, sequences, starts, k_max) if model is None else [None] * len(sequences)
+    if model is None and proposal_report is not None:
+        proposal_report["lengths"] = [lengths for _, lengths in lookups]
     accepted = [None] * len(sequences)
     if model is not None and not hasattr(draft, "chain"):
         accepted, tau, by_tau = model_acceptance(target, draft, sequences, starts, params)
@@ -172,20 +176,24 @@ def replay_cost(
     c: float,
     r: Sequence[float],
     model_runs: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> float:
     """Expected cost of producing the T tokens of one continuation with draft length k, in units
     of a plain pass: k*c + r(k+1) per drafting pass (r(k+1) alone where model_runs [T] is False: a
     combined draft's lookup drafts without the model), r(1) where the drafter proposes nothing,
-    blocks replayed as the engine runs them. beta [T, >= k], proposes [T]; r[n-1] = r(n)."""
+    blocks replayed as the engine runs them. beta [T, >= k], proposes [T]; r[n-1] = r(n). lengths [T]
+    (a model-free drafter's, at one row): a pass from t proposes min(k, lengths[t]) tokens and costs
+    r(that + 1) (beta is 0 past the proposal)."""
     length = beta.shape[0]
     rows, flags = beta[:, :k].tolist(), proposes.tolist()
     runs = [True] * length if model_runs is None else model_runs.tolist()
+    sizes = [k] * length if lengths is None else [min(k, int(n)) for n in lengths.tolist()]
     cost = [0.0] * (length + 1)  # cost[t]: expected cost from continuation position t to the end
     for t in range(length - 1, -1, -1):
         if k == 0 or not flags[t]:
             cost[t] = r[0] + cost[t + 1]
             continue
-        total, reach = k * c * runs[t] + r[k], 1.0  # reach = P(the first i proposals are accepted)
+        total, reach = k * c * runs[t] + r[sizes[t]], 1.0  # reach = P(the first i proposals are accepted)
         for i in range(k):  # exactly i accepted: the next block starts at t + i + 1
             total += reach * (1.0 - rows[t][i]) * cost[min(t + i + 1, length)]
             reach *= rows[t][i]
@@ -263,6 +271,7 @@ def plan(
         else:
             blocks = teacher_forced_blocks(target, draft, sequences, starts, params, k_max, proposal)
             runs = [None] * len(blocks)
+        lengths = proposal.pop("lengths", [None] * len(blocks))  # a model-free drafter's proposal lengths
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
         if hasattr(draft, "own_model") and compiled:
@@ -275,7 +284,10 @@ def plan(
         r = list(itertools.accumulate((t / unit for t in profile.target_s), max))
         tokens = sum(len(flags) for flags in proposes)
         predicted = [
-            tokens / sum(replay_cost(beta, flags, k, c, r, run) for (beta, flags), run in zip(blocks, runs))
+            tokens
+            / sum(
+                replay_cost(beta, flags, k, c, r, run, size) for (beta, flags), run, size in zip(blocks, runs, lengths)
+            )
             for k in range(1, k_max + 1)
         ]
         predicted = [1.0, *predicted]  # k = 0: plain decoding, the baseline
