@@ -12,8 +12,14 @@ copies held-out text poorly, but it repeats its own text: turn j's output mostly
 j-1's, which is in its prompt and among the earlier requests' outputs. Sessions follow one
 another, turns in order, so a drafter that remembers earlier requests sees them in turn.
 
-Usage: python benchmarks/make_repeat_workload.py   (runs the built-in target, llama.cpp when
-installed; a few minutes on 2 cores). Deterministic for a given interpreter's standard library
+With `--resend` it writes benchmarks/resend.jsonl instead: a stateless tool loop that re-sends the
+function's current version each turn, not the conversation (turn j's prompt is version j, the
+marker and the first lines of version j+1). Turn j's output then re-emits turn j-1's, which is
+among the earlier requests' outputs but not in its prompt: what suffix drafting's corpus adds to
+prompt lookup.
+
+Usage: python benchmarks/make_repeat_workload.py [--resend]   (runs the built-in target, llama.cpp
+when installed; a few minutes on 2 cores). Deterministic for a given interpreter's standard library
 and model weights. It prints, per request and overall, the share of the greedy output's 8-grams
 (MAX_NEW_TOKENS tokens) that occurred in earlier requests' prompts or outputs, and the share in
 the request's own prompt.
@@ -70,8 +76,9 @@ def whole_lines(text: str) -> str:
     return text[: text.rfind("\n")].rstrip() if "\n" in text else ""
 
 
-def session(text: str, rng: random.Random, decode) -> tuple[list[str], list[str]]:
-    """The prompts of one function's editing session, and the greedy outputs (texts) for them."""
+def session(text: str, rng: random.Random, decode, resend: bool = False) -> tuple[list[str], list[str]]:
+    """The prompts of one function's editing session, and the greedy outputs (texts) for them; with
+    `resend` each prompt holds the function's current version, not the conversation so far."""
     versions = [text]
     for step in range(TURNS):
         versions.append(edit(versions[-1], step, rng))
@@ -81,7 +88,7 @@ def session(text: str, rng: random.Random, decode) -> tuple[list[str], list[str]
         head = "\n".join(versions[j + 1].splitlines()[:HEAD_LINES])
         prompts.append(f"{context}\n\n\n{MARKER}\n{head}")
         outputs.append(decode(prompts[-1]))
-        context = prompts[-1] + whole_lines(outputs[-1])
+        context = versions[j + 1] if resend else prompts[-1] + whole_lines(outputs[-1])
     return prompts, outputs
 
 
@@ -117,6 +124,8 @@ def repeated_share(outputs: list[list[int]], prompts: list[list[int]], n: int = 
 
 
 def main() -> None:
+    import sys
+
     from verispec import assemble
     from verispec.config import SamplingParams
     from verispec.engine import generate_all
@@ -131,10 +140,10 @@ def main() -> None:
     rng = random.Random(SEED)
     prompts, outputs = [], []
     for text in candidates()[:SESSIONS]:
-        more = session(text, rng, decode)
+        more = session(text, rng, decode, resend="--resend" in sys.argv[1:])
         prompts += more[0]
         outputs += more[1]
-    out = Path(__file__).parent / "repeat.jsonl"
+    out = Path(__file__).parent / ("resend.jsonl" if "--resend" in sys.argv[1:] else "repeat.jsonl")
     out.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in prompts))
     print(f"wrote {out}: {len(prompts)} prompts, {SESSIONS} sessions of {TURNS} turns")
     encode = [tokenizer.encode(t).ids for t in prompts], [tokenizer.encode(t).ids for t in outputs]
