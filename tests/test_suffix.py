@@ -252,6 +252,40 @@ def test_start_begins_a_new_corpus_unless_asked_to_keep_it():
         assert drafter.propose(4, None)[0].tolist() == ([[3, 4]] if keep else [[]])
 
 
+def test_clear_corpus_forgets_the_rows_running_now_too():
+    """A benchmark's rounds: after clear_corpus the previous round's last rows must not join the next corpus."""
+    for clear in (False, True):  # without the clear (the negative control) the old row is proposed from
+        drafter = SuffixDrafter(keep_corpus=True)
+        drafter.start([REPEAT], 64)
+        if clear:
+            drafter.clear_corpus()
+        drafter.start([[9, 1, 2]], 64)
+        assert drafter.propose(4, None)[0].tolist() == ([[]] if clear else [[3, 4]])
+        drafter.keep_rows([])  # rows that start after the clear join the corpus as usual
+        drafter.start([[9, 1, 2]], 64)
+        assert drafter.corpus.tokens == 3 + (0 if clear else len(REPEAT))
+
+
+def test_bench_rounds_do_not_share_a_corpus():
+    """bench runs the same drafter object in every round: each round starts from an empty corpus."""
+    from verispec.analysis.bench import _timed
+
+    class Recorder(SuffixDrafter):
+        def start(self, prompts, max_length):
+            self.sizes.append(self.corpus.tokens)
+            super().start(prompts, max_length)
+
+    target = tiny_llama(0)
+    drafter = Recorder(keep_corpus=True)
+    drafter.sizes = []
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    for _ in range(2):
+        _timed(target, [REPEAT, REPEAT], params, drafter, 4)
+    first, second = drafter.sizes[:2], drafter.sizes[2:]
+    assert first[0] == 0 and second[0] == 0  # each round begins empty
+    assert second[1] > 0  # within a round the corpus grows: the second prompt sees the first's output
+
+
 def _two_requests(drafter, target, params, k: int = 6) -> list[tuple[list[int], int]]:
     """Two requests with one prompt and one seed, one after the other in one Batch (as a
     server runs them): (tokens, target passes) of each."""

@@ -313,7 +313,7 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     if spec == "suffix":
         from .drafters.suffix import SuffixDrafter
 
-        return SuffixDrafter(device=target.device)
+        return SuffixDrafter(keep_corpus=True, device=target.device)  # earlier requests of this process: a corpus
     if spec.startswith("early-exit:"):
         from .drafters.early_exit import EarlyExitDrafter
         from .models.llama import LlamaForCausalLM

@@ -55,7 +55,10 @@ RUN_FIELDS = (
 
 def _timed(target, prompts, params, drafter, k) -> tuple[list[list[int]], float, SpecStats, list[float]]:
     """Run the prompts one by one; return outputs, tokens/s (prefill included), the stats and a model
-    draft's proposal temperature at the end of each prompt."""
+    draft's proposal temperature at the end of each prompt. A drafter's corpus of earlier requests
+    (suffix drafting) spans the prompts of this round only: no round sees another's outputs."""
+    if hasattr(drafter, "clear_corpus"):
+        drafter.clear_corpus()
     stats = SpecStats()
     outputs, started, taus = [], time.perf_counter(), []
     for prompt in prompts:

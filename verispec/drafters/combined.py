@@ -38,6 +38,11 @@ class CombinedDrafter:
         self._model_ran = False  # whether the model proposed on this pass
         self._live: list[bool] = []  # per row: still generating (rows that finished in a fixed batch are not)
 
+    def clear_corpus(self) -> None:
+        """Forget earlier requests: the lookup's corpus, where it keeps one (suffix drafting)."""
+        if hasattr(self.lookup, "clear_corpus"):
+            self.lookup.clear_corpus()
+
     @property
     def model(self):
         """The draft network (as ModelDrafter.model): what a cost profile or a kernel calibration times."""

@@ -6,7 +6,8 @@ Owns each row's committed history (prompt + committed tokens) with an index of i
 committed output when it leaves the batch, `keep_rows`), bounded by `max_corpus_tokens` and
 evicted oldest request first. In `serve` one batch lives for the server's life, so the corpus
 spans its requests; `start()` begins a new corpus unless `keep_corpus` (then the rows of the
-batch before join it first). The tokens of a row's last pass are not in it (a finishing row
+batch before join it first: `--draft suffix` keeps it, so a process's earlier batches count too);
+`clear_corpus()` forgets it and the rows running then. The tokens of a row's last pass are not in it (a finishing row
 commits nothing to the drafter): at most k + 1 per request.
 
 The lookup, per row and pass, as walking a suffix tree over the history and the corpus:
@@ -175,6 +176,7 @@ class SuffixDrafter:
         self.corpus = SuffixCorpus(max_corpus_tokens, min_match)
         self.rows: list[_Row] = []
         self._proposal: list[list[int]] = []  # the last proposal, row by row (width k')
+        self._seen: list[_Row] = []  # rows whose text came before the last clear_corpus: they never join it
 
     # ---- the batch's rows
 
@@ -182,10 +184,10 @@ class SuffixDrafter:
         """Begin a batch: each row's history is its prompt; a new corpus unless keep_corpus."""
         if self.keep_corpus:
             for row in self.rows:
-                self.corpus.add(row)
+                self._join_corpus(row)
         else:
             self.corpus = SuffixCorpus(self.max_corpus_tokens, self.min_match)
-        self.rows = [_Row(p, self.min_match) for p in prompts]
+        self.rows, self._seen = [_Row(p, self.min_match) for p in prompts], []
         self._proposal = [[] for _ in prompts]
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -193,7 +195,7 @@ class SuffixDrafter:
         kept = set(rows)
         for number, row in enumerate(self.rows):
             if number not in kept:
-                self.corpus.add(row)
+                self._join_corpus(row)
         self.rows = [self.rows[r] for r in rows]
         self._proposal = [self._proposal[r] for r in rows] if self._proposal else []
 
@@ -206,8 +208,14 @@ class SuffixDrafter:
         self._proposal += [[] for _ in prompts]
 
     def clear_corpus(self) -> None:
-        """Forget every earlier request (e.g. a server's synthetic calibration requests)."""
+        """Forget every earlier request (e.g. a server's synthetic calibration requests, or a benchmark's
+        earlier round), the rows running now included: they will not join the new corpus when they leave."""
         self.corpus = SuffixCorpus(self.max_corpus_tokens, self.min_match)
+        self._seen = list(self.rows)
+
+    def _join_corpus(self, row: _Row) -> None:
+        if not any(row is seen for seen in self._seen):
+            self.corpus.add(row)
 
     def history(self, row: int) -> list[int]:
         """The committed tokens of one row (prompt + committed), as the drafter sees them."""
