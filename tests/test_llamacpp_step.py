@@ -273,3 +273,34 @@ def test_plan_times_a_draft_on_the_compiled_step_it_runs_on(pair, monkeypatch):
     finally:
         vars(target).pop("compiled_step", None)
     assert ks == [] and len(python.target_s) == 3
+
+
+@pytest.mark.parametrize("lookup", ["ngram", "suffix"])
+def test_plan_times_a_lookup_at_every_k_on_the_path_it_runs(pair, monkeypatch, lookup):
+    """A model-free drafter runs the Python path (its rule, its lookup); `profile_passes` times it there at
+    every k by having it propose its padded lookup at every pass: on calibrate's synthetic prompt the lookup
+    itself finds nothing, and (the negative control) would time nothing but plain passes."""
+    from verispec.analysis import profile
+    from verispec.drafters.ngram import PromptLookupDrafter
+    from verispec.drafters.suffix import SuffixDrafter
+    from verispec.step import PythonStep
+
+    target = pair[0]
+    make = PromptLookupDrafter if lookup == "ngram" else SuffixDrafter
+    ks, run = [], PythonStep.run
+
+    def recorded(self, k, *args, **kwargs):
+        done = run(self, k, *args, **kwargs)
+        ks.append(done.k)
+        return done
+
+    monkeypatch.setattr(PythonStep, "run", recorded)
+    costs = profile.profile_passes(target, make(), k_max=3, context_length=40, repeats=1)
+    assert sorted(set(ks)) == [0, 1, 2, 3] and len(costs.target_s) == 4 and costs.draft_s is None
+    assert min(costs.target_s) > 0
+    ks.clear()
+    monkeypatch.setattr(profile, "_EveryPass", lambda drafter: drafter)  # the lookup as it is
+    profile._PASSES.clear()
+    with pytest.raises(KeyError):  # no pass of 2 or more positions was timed
+        profile.profile_passes(target, make(), k_max=3, context_length=40, repeats=1)
+    assert sorted(set(ks)) != [0, 1, 2, 3]  # some k never ran

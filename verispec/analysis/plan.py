@@ -16,8 +16,10 @@ proposals with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next
 t + i + 1. The expected cost of covering the continuation (k*c + r(k+1) per drafting pass,
 r(1) per plain one, from the profiler) is summed backwards from its end, and S(k) = tokens /
 cost. Costs are in passes of verispec's plain decoding, the baseline `bench` compares with: on
-llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; other
-drafters run the Python path (`profile_costs`), whose r(1) is then above 1. Greedy (beta in
+llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; a
+model-free drafter runs the Python path, timed there with its lookup and the rule in r(n) (the
+same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path
+passes. Their r(1) is then above 1. Greedy (beta in
 {0, 1}) makes it the engine's own count of passes on that
 continuation. Blocks start where the last one stopped, after a rejection more often than at
 a random position, which a mean of beta over every position misses (it overstated prompt
@@ -274,8 +276,8 @@ def plan(
         lengths = proposal.pop("lengths", [None] * len(blocks))  # a model-free drafter's proposal lengths
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
-        if hasattr(draft, "own_model") and compiled:
-            profile = profile_passes(target, draft, k_max, context)  # the compiled step: timed as it runs
+        if (hasattr(draft, "own_model") or hasattr(draft, "confident")) and compiled:
+            profile = profile_passes(target, draft, k_max, context)  # timed as generate runs it
         else:
             profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         unit = plain_s or profile.target_s[0]  # costs in plain passes

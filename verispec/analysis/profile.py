@@ -245,13 +245,33 @@ class _Costs:
 _PASSES: dict[tuple, CostProfile] = {}  # (target, draft, context, k_max) -> profile_passes
 
 
+class _EveryPass:
+    """A model-free drafter (prompt lookup, suffix drafting) that proposes k tokens at every pass, its own
+    padded lookup (`confident(k)`, then `take`), so that `calibrate` times passes of every k on a synthetic
+    prompt where the lookup finds nothing: its lookup, the target's pass and the rule as `generate` runs them."""
+
+    def __init__(self, lookup):
+        self.lookup = lookup
+
+    def __getattr__(self, name: str):
+        return getattr(self.lookup, name)
+
+    def propose(self, k: int, sampling=None) -> tuple[torch.Tensor, None]:
+        if k == 0:
+            return self.lookup.propose(0, sampling)
+        walks = self.lookup.confident(k)[0]  # [B, k]
+        self.lookup.take(walks)
+        return walks, None
+
+
 @torch.no_grad()
 def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, repeats: int = 5) -> CostProfile:
     """t_target(1..k_max+1) and t_draft from passes of a real engine.Batch of one row (`calibrate`):
     the path `generate` and `bench` run, llama.cpp's compiled step where it applies, with its own
     sampling, rule and bookkeeping in the times (`profile_costs` times the Python path's). A pass
     of k proposals is t_target(k + 1); t_draft is the median over k of its drafting time / k. With no
-    drafter (k_max 0): plain passes, the baseline `bench` compares with."""
+    drafter (k_max 0): plain passes, the baseline `bench` compares with. A model-free drafter (one
+    with `confident`) proposes k at every pass (`_EveryPass`); its lookup's time is in t_target."""
     from ..engine import Batch  # the engine and the policies sit above this module
     from ..policy import FixedLength
 
@@ -261,17 +281,22 @@ def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, r
     if isinstance(limit, int):
         context = max(1, min(context, limit - budget - k_max - 1))
     model = getattr(drafter, "model", None)
-    key = (_identity(target), _identity(model) if model is not None else None, context, k_max)
+    lookup = drafter is not None and model is None and hasattr(drafter, "confident")
+    kind = _identity(model) if model is not None else type(drafter).__name__ if lookup else None
+    key = (_identity(target), kind, context, k_max)
     if key in _PASSES:
         return _PASSES[key]
     costs = _Costs(k_max)
     params = SamplingParams(temperature=0, max_new_tokens=1)
-    batch = Batch(target, [], params, drafter, FixedLength(k_max), capacity=1, max_length=context + budget + k_max + 1)
+    proposer = _EveryPass(drafter) if lookup else drafter
+    batch = Batch(target, [], params, proposer, FixedLength(k_max), capacity=1, max_length=context + budget + k_max + 1)
     try:
         calibrate(batch, costs, [1], max_model_len=4 * context + budget, repeats=repeats, prompt_length=context)
     finally:
         batch.close()
-    target_s = tuple(costs.target[n] for n in range(1, k_max + 2))
+    target_s = tuple(
+        costs.target[n] + (costs.draft[(1, n - 1)] if lookup and n > 1 else 0.0) for n in range(1, k_max + 2)
+    )
     draft_s = statistics.median(costs.draft[(1, k)] / k for k in range(1, k_max + 1)) if model is not None else None
     _PASSES[key] = CostProfile(target_s=target_s, draft_s=draft_s, batch_size=1, context_length=context)
     return _PASSES[key]
