@@ -22,8 +22,8 @@ same `profile_passes`, proposing at every pass); other drafters `profile_costs`'
 passes. Their r(1) is then above 1. Greedy (beta in
 {0, 1}) makes it the engine's own count of passes on that
 continuation. Blocks start where the last one stopped, after a rejection more often than at
-a random position, which a mean of beta over every position misses (it overstated prompt
-lookup by 1.5-2x). The per-position alpha_i that `plan` reports are that mean (block
+a random position, which a mean of beta over every position misses (it overstates prompt
+lookup). The per-position alpha_i that `plan` reports are that mean (block
 acceptance products over every start where the drafter proposes, and their ratios), for
 reading; the prediction and the recommendation come from the replay.
 """

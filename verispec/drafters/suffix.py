@@ -7,8 +7,8 @@ committed output when it leaves the batch, `keep_rows`), bounded by `max_corpus_
 evicted oldest request first. In `serve` one batch lives for the server's life, so the corpus
 spans its requests; `start()` begins a new corpus unless `keep_corpus` (then the rows of the
 batch before join it first: `--draft suffix` keeps it, so a process's earlier batches count too);
-`clear_corpus()` forgets it and the rows running then. The tokens of a row's last pass are not in it (a finishing row
-commits nothing to the drafter): at most k + 1 per request.
+`clear_corpus()` forgets it and the rows running then. The tokens of a row's last pass are not in
+it (a finishing row commits nothing to the drafter): at most k + 1 per request.
 
 The lookup, per row and pass, as walking a suffix tree over the history and the corpus:
 - the pattern: the longest suffix of the history (min_match..max_match tokens) that occurs
