@@ -6,11 +6,13 @@ verispec's exact kernels (the default) a position's logits must not depend on th
 computes them (one position or several, one row or two, a small or a large cache), and greedy
 speculative decoding must give plain decoding's tokens, with a model draft and with prompt
 lookup, at k = 1, 2, 4 and auto, one row and a batch, on the Python path and the compiled step.
-Two regimes: sgemm's attention with no sequence of one token (files with a matrix llamafile's
-sgemm takes) and flash attention with a placeholder past its split (the others). Negative
-controls: the same measurement without the placeholders finds a gap on f16, without the
-placeholder per row of one token on f16, without flash attention's past the split on Q4_K_M;
-a process with `--exact-kernels off` finds one on Q4_K_M.
+Three regimes: sgemm's attention with no sequence of one token, flash attention with a
+placeholder past its split (files whose matrices all take dot-product kernels), and flash
+attention with a placeholder after every pass of one position (files with a matrix llamafile's
+sgemm takes). Negative controls: the same measurement without the placeholders finds a gap on
+f16, without the placeholder per row of one token on f16, without flash attention's past the
+split on Q4_K_M, without the one-position placeholder under flash attention on f16; a process
+with `--exact-kernels off` finds one on Q4_K_M.
 """
 
 from __future__ import annotations
@@ -101,9 +103,33 @@ def test_with_exact_kernels_off_a_k_quant_depends_on_the_pass_shape(files):
     assert json.loads(done.stdout.strip().splitlines()[-1]) > 0
 
 
-@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"])
-def test_greedy_speculative_equals_plain_on_every_type(files, draft, name):
+@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0"])
+def test_flash_attention_over_sgemm_weights_is_shape_invariant(files, name):
+    """The third regime (`--flash-attn on` for a file with a matrix sgemm takes): flash attention,
+    and a placeholder after every pass of one position (its matrices' one-column kernel)."""
+    model = LlamaCppModel(files[name], n_threads=2)
+    model.flash_attention = True
+    assert model.new_cache(1, 8).context.lone_pad
+    contexts = _contexts(model)
+    assert pass_shape_deviation(model, contexts + [(c * 40)[:300] for c in contexts[:1]]).largest == 0.0
+
+
+def test_without_the_lone_placeholder_flash_attention_over_sgemm_weights_shows(files):
+    """Its negative control: no placeholder after a one-token pass (as for a K-quant file) on F16."""
+    model = LlamaCppModel(files["F16"], n_threads=2)
+    model.flash_attention, model.sgemm_weights = True, False
+    assert pass_shape_deviation(model, _contexts(model)).positions > 0
+
+
+@pytest.mark.parametrize(
+    "name, flash",
+    [(name, None) for name in ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]]
+    + [("F32", True), ("F16", True), ("F16", False)],
+)
+def test_greedy_speculative_equals_plain_on_every_type(files, draft, name, flash):
     target = LlamaCppModel(files[name], n_threads=2)
+    if flash is not None:  # else --flash-attn auto's choice
+        target.flash_attention = flash
     prompts = _contexts(target)
     params = SamplingParams(temperature=0, max_new_tokens=24)
     plain = [generate_all(target, [p], params, None, k=0)[0] for p in prompts]
@@ -116,15 +142,78 @@ def test_greedy_speculative_equals_plain_on_every_type(files, draft, name):
     assert generate_all(target, prompts, params, ModelDrafter(draft), k=3) == plain  # a batch, rows stopping apart
 
 
-def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft):
+@pytest.mark.parametrize("name", ["Q4_K_M", "F16"])
+def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft, name):
     """Rows finish at different steps: the compiled step's target pass then has gaps between its
-    sequences (placeholders) and, at the end, one row of one token (a second placeholder)."""
-    target = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    sequences (placeholders) and, at the end, one row of one token (a second placeholder; on F16
+    under flash attention, the placeholder of a pass of one position)."""
+    target = LlamaCppModel(files[name], n_threads=2)
+    target.flash_attention = True
     prompts = _contexts(target)
     budgets = [SamplingParams(temperature=0, max_new_tokens=n) for n in (30, 6, 18)]
     plain = [generate_all(target, [p], b, None, k=0)[0] for p, b in zip(prompts, budgets)]
     assert generate_all(target, prompts, budgets, ModelDrafter(draft), k=2) == plain
     assert generate_all(target, prompts, budgets, None, k=0) == plain
+
+
+def _last_logits(model, prompts: list[list[int]]) -> torch.Tensor:
+    """Logits [B, V] of one more token after each prompt, the prompts written together."""
+    cache = model.new_cache(len(prompts), 600)
+    model.prefill(prompts, cache)
+    return model(torch.tensor([[5]] * len(prompts)), cache)[:, 0]
+
+
+PROMPT_PAIRS = [(100, 30), (300, 20), (63, 64), (255, 258)]
+
+
+@pytest.mark.parametrize("name, flash", [("Q4_K_M", True), ("F16", True), ("F16", False)])
+def test_a_prompt_written_beside_others_gets_the_cells_it_gets_alone(files, name, flash):
+    """A batch's prompts (a server's rows joining together, `generate` of several prompts) are
+    written in one decode: padded to one length, or cut where the batch reaches llama.cpp's
+    batch size. A row's next logits must equal those of its prompt written alone."""
+    model = LlamaCppModel(files[name], n_threads=2)
+    model.flash_attention = flash
+    texts = [(c * 40) for c in _contexts(model)[:2]]
+    for a, b in PROMPT_PAIRS:
+        prompts = [texts[0][:a], texts[1][:b]]
+        alone = torch.cat([_last_logits(model, [p]) for p in prompts])
+        assert torch.equal(_last_logits(model, prompts), alone), (name, flash, a, b)
+
+
+def test_prompts_written_together_under_flash_attention_show_the_tiled_kernel(files, monkeypatch):
+    """The negative control: without writing each prompt on its own, a prompt padded to 64
+    queries or more (or cut at the batch size) takes flash attention's tiled kernel."""
+    from verispec.llamacpp import context
+
+    monkeypatch.setattr(context, "TILED_FROM", 10**9)
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    texts = [(c * 40) for c in _contexts(model)[:2]]
+    prompts = [texts[0][:100], texts[1][:30]]
+    alone = torch.cat([_last_logits(model, [p]) for p in prompts])
+    assert (_last_logits(model, prompts) - alone).abs().max() > 0
+
+
+@pytest.mark.parametrize("small_first", [False, True])
+def test_a_reused_context_cuts_a_prompt_as_a_fresh_one_does(files, monkeypatch, small_first):
+    """A cache made for 8 positions leaves its context to the next cache that fits (llama.cpp
+    pads it to 256 cells); the prompt written there must get the cells it gets in a fresh one.
+    The negative control (small_first with llama.cpp's batch capped at the context's size, as
+    before): the prompt is cut into passes of 8, and the logits differ."""
+    from verispec.llamacpp import context
+
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    prompt = (_contexts(model)[0] * 4)[:120]
+    fresh = _last_logits(model, [prompt])
+    model._spare = None
+    if small_first:
+        monkeypatch.setattr(context, "_cells", lambda n_seq, n_ctx_seq, capacity: n_seq * n_ctx_seq)
+    model.new_cache(1, 8)  # dropped at once: its context is the model's spare now
+    spare = model._spare
+    cache = model.new_cache(1, 130)
+    assert cache.context is spare
+    model.prefill([prompt], cache)
+    reused = model(torch.tensor([[5]]), cache)[:, 0]
+    assert torch.equal(reused, fresh) != small_first
 
 
 def test_quantize_takes_llama_quantize_names_and_refuses_others(files, tmp_path):
@@ -180,7 +269,7 @@ def test_without_a_placeholder_per_row_one_token_rows_show_the_pass_shape(files,
         context.Context, "_fill_gaps", lambda self, seqs, positions, always=False: fill(self, seqs, positions)
     )
     model = LlamaCppModel(files["F16"], n_threads=2)
-    assert not model.flash_attention
+    model.flash_attention = False
     found = pass_shape_deviation(model, _contexts(model))
     assert found.positions == 0.0 and found.rows > 0, found
 

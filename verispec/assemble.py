@@ -64,6 +64,7 @@ class Settings:
     threads: int | None = None
     gguf_type: str | None = None
     exact_kernels: bool = True
+    flash_attn: str = "auto"  # llama.cpp's -fa: auto, on, off (llamacpp/regime.py)
     k: int | str = "auto"
     k_max: int = 8
     confidence_threshold: float = 0.0
@@ -79,6 +80,8 @@ class Settings:
             raise ValueError(f"--threads must be an integer >= 1, got {self.threads!r}")
         if not isinstance(self.exact_kernels, bool):
             raise ValueError(f"--exact-kernels must be on or off, got {self.exact_kernels!r}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise ValueError(f"--flash-attn must be one of auto, on, off, got {self.flash_attn!r}")
         if not (isinstance(self.confidence_threshold, (int, float)) and 0.0 <= self.confidence_threshold < 1.0):
             raise ValueError(
                 f"--confidence-threshold must be a probability in [0, 1), got {self.confidence_threshold!r}"
@@ -216,8 +219,8 @@ def measured_policy(settings: Settings, target, drafter, rows: int, context_leng
 
 
 def llamacpp_threads(settings: Settings, say: Say = _quiet) -> int | None:
-    """--threads, capped at the cores this process may use (said), after --exact-kernels is
-    applied: both are llama.cpp settings of the whole process, fixed before its first model."""
+    """--threads, capped at the cores this process may use (said), after --exact-kernels and
+    --flash-attn are applied: llama.cpp settings of the whole process, fixed before its first model."""
     from . import llamacpp
 
     try:
@@ -227,6 +230,9 @@ def llamacpp_threads(settings: Settings, say: Say = _quiet) -> int | None:
         raise ValueError(
             f"--exact-kernels {setting}: this process already runs llama.cpp with the other setting"
         ) from None
+    from .llamacpp import regime
+
+    regime.set_flash_attention(settings.flash_attn)
     threads, cores = settings.threads, llamacpp.default_threads()
     if threads is not None and threads > cores:
         say(f"--threads {threads} is more than the {cores} cores this process may use; using {cores}")

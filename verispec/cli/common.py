@@ -189,6 +189,15 @@ def models_parent(
         "default kernels, faster on some types, where greedy output may differ at near-ties",
     )
     parent.add_argument(
+        "--flash-attn",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="attention of a llama.cpp target under exact kernels: auto (default): flash attention for files whose "
+        "matrices all take dot-product kernels (K-quants), else whichever of flash and sgemm's attention measured "
+        "faster on this CPU (once per file, remembered); on / off: flash attention / sgemm's for every file "
+        "(both exact; docs/EXACTNESS.md)",
+    )
+    parent.add_argument(
         "--device",
         default="cpu",
         help="cpu (default), cuda or cuda:N: where a torch model runs (llama.cpp runs on the CPU here)",
@@ -277,6 +286,8 @@ def settings_from(args: argparse.Namespace, **given) -> Settings:
     values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if hasattr(args, "exact_kernels"):
         values["exact_kernels"] = args.exact_kernels == "on"
+    if hasattr(args, "flash_attn"):
+        values["flash_attn"] = args.flash_attn
     return Settings(**{**values, **given})
 
 

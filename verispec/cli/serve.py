@@ -265,6 +265,8 @@ def _server_flags(args: argparse.Namespace) -> list[str]:
         args.device,
         "--exact-kernels",
         args.exact_kernels,
+        "--flash-attn",
+        args.flash_attn,
         "--model-name",
         "bench",
     ]

@@ -36,10 +36,20 @@ _TOKENS_PER_ROW = (
 )
 _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many positions of compute (a one-row pass of
 #                       the built-in target costs about as much as 6 more positions in it)
+TILED_FROM = 64  # flash attention's tiled kernel takes a sequence's queries from 64 a ubatch on (ggml's GGML_FA_TILE_Q)
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
 SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
 #                     512 cells: llama.cpp pads the cells read to 256, so from position 256 on (a margin below it)
+
+
+def _cells(n_seq: int, n_ctx_seq: int, capacity: int) -> int:
+    """A context's n_ctx. llama.cpp caps a batch (and a ubatch) at n_ctx: a context of fewer cells
+    than `capacity` would cut a prompt into smaller passes than a larger context does, and where a
+    prompt's passes are cut changes its cells (flash attention's tiled kernel from 64 queries on,
+    sgemm's attention for one query): every context takes `capacity` tokens a decode, so that a
+    prompt's passes never depend on the cache it is written into (a spare context is reused)."""
+    return max(n_seq * n_ctx_seq, capacity)
 
 
 class ContextOwner(Protocol):
@@ -51,6 +61,7 @@ class ContextOwner(Protocol):
     kv_type: str  # a key of KV_TYPES
     shape_invariant: bool  # placeholders: a position's logits do not depend on the pass
     flash_attention: bool  # with shape_invariant: flash attention, not sgemm's (see Context)
+    sgemm_weights: bool  # a matrix of the file takes llamafile's sgemm from 2 columns on (one column: vec_dot)
     vocab_size: int
 
     def release_context(self, context: Context) -> None:
@@ -92,8 +103,8 @@ class Context:
         lib = library()
         params = lib.llama_context_default_params()
         params.n_seq_max = n_seq
-        params.n_ctx = n_seq * n_ctx_seq
         capacity = max(N_BATCH, _TOKENS_PER_ROW * n_seq)
+        params.n_ctx = _cells(n_seq, n_ctx_seq, capacity)
         params.n_batch, params.n_ubatch = capacity, N_BATCH
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
@@ -101,9 +112,10 @@ class Context:
         # two shape-invariant regimes (docs/EXACTNESS.md). sgemm's attention (flash attention off, as llama-cpp-python's
         # Llama): two matrix products in the cache's type, llamafile's sgemm from 2 queries per sequence on, so no
         # sequence of a pass has one token (placeholders).
-        # Flash attention, for a file whose matrices all take dot-product kernels at every width: each query on its
-        # own, so a one-token pass needs no placeholder until flash attention would split its cells (SPLIT_KV_FROM)
+        # Flash attention: each query on its own, so a one-token pass needs no placeholder until flash attention would
+        # split its cells (SPLIT_KV_FROM), unless a matrix of the file takes sgemm (the pass's only position: vec_dot)
         self.flash = model.shape_invariant and model.flash_attention
+        self.lone_pad = self.flash and model.sgemm_weights  # every pass of one position gets a placeholder
         params.flash_attn_type = 1 if self.flash else 0
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
@@ -137,6 +149,10 @@ class Context:
         bool for all): (read(logits [n, V]) of each llama_decode, concatenated, or None without
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
         view, reused by the next decode): it returns a copy or a reduction of it."""
+        if self.flash and len(tokens) >= TILED_FROM and not (seqs == seqs[0]).all():
+            counts = np.unique(seqs, return_counts=True)[1]
+            if counts.max() >= TILED_FROM:  # a prompt: each sequence on its own (`_each_sequence`)
+                return self._each_sequence(tokens, positions, seqs, outputs, read)
         lib, results, inside = library(), [], 0.0
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
@@ -193,6 +209,33 @@ class Context:
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
         return found, inside
 
+    def _each_sequence(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seqs: np.ndarray,
+        outputs: np.ndarray | bool,
+        read: Callable[[np.ndarray], np.ndarray] | None,
+    ) -> tuple[np.ndarray | None, float]:
+        """`decode` one sequence at a time, in the order of their first tokens. Under flash
+        attention a sequence of 64 queries or more in a ubatch takes the tiled kernel, whose
+        results depend on how the ubatch was cut (padded to another row's length, split where the
+        batch reaches n_batch): a prompt written beside others would get other cells than alone.
+        Alone, its passes depend on its own tokens only."""
+        flags = np.full(len(tokens), outputs) if isinstance(outputs, bool) else np.asarray(outputs)
+        found, order, inside = [], [], 0.0
+        for seq in seqs[np.sort(np.unique(seqs, return_index=True)[1])]:
+            at = np.flatnonzero(seqs == seq)
+            result, seconds = self.decode(tokens[at], positions[at], seqs[at], flags[at], read)
+            inside += seconds
+            if result is not None:
+                found.append(result)
+                order.append(at[flags[at]])
+        if read is None:
+            return None, inside
+        order_all = np.concatenate(order)
+        return np.concatenate(found)[np.argsort(order_all)], inside
+
     def _single_pad(
         self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool
     ) -> int | None:
@@ -200,7 +243,8 @@ class Context:
         one sequence with one token, or with logits at one position only, would run llama.cpp's
         one-column kernels (llamafile's sgemm takes 2 columns or more; attention's products take
         one query per sequence; the last layer and the output head run on the positions with
-        logits); with flash attention, only its split over threads from SPLIT_KV_FROM on. The
+        logits); with flash attention, only its split over threads from SPLIT_KV_FROM on (and the
+        one-column kernels where a matrix of the file takes sgemm: `lone_pad`). The
         placeholder follows the sequence's last token, with logits, in the same llama_decode; its
         cell is removed after."""
         if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
@@ -209,7 +253,7 @@ class Context:
         if len(tokens) > 1 and wanted != 1:
             return None
         position = int(positions.max()) + 1
-        if self.flash and position <= SPLIT_KV_FROM:
+        if self.flash and not self.lone_pad and position <= SPLIT_KV_FROM:
             return None
         return position if position < self.n_ctx_seq else None
 

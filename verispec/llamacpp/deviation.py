@@ -100,7 +100,7 @@ def startup_deviation(model) -> Deviation:
                 exact_kernels(),
                 getattr(model, "shape_invariant", None),
                 getattr(model, "flash_attention", None),
-                "attention regimes by file type",  # which placeholder rules (context.py) it holds for
+                "attention regimes: three",  # which placeholder rules (context.py) it holds for
                 model.n_threads,
             ]
         ).encode()

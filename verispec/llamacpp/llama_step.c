@@ -30,7 +30,8 @@
  * so that llama.cpp runs the batch as one ubatch. With invariant == 2 (sgemm's attention) no sequence has one token in
  * it: a plain pass gives every row a placeholder after its token (with logits when it is the only row, so that the
  * output head has two columns). With invariant == 1 (flash attention) only a pass of one token gets one, from
- * position SPLIT_KV_FROM on (flash attention's split of one query's cells over the threads).
+ * position SPLIT_KV_FROM on (flash attention's split of one query's cells over the threads); with invariant == 3
+ * (flash attention, a file whose matrices take sgemm from 2 columns on) every pass of one token gets one.
  * A position's logits then come from the same kernels whatever the pass holds (context.py, `Context.decode`, does the same).
  *
  * Compiled with -ffast-math (the reductions, expf and logf vectorize only with reassociation;
@@ -565,7 +566,7 @@ struct verispec_step_args {
     int32_t *output;              /* [rows, k + 1] out: the committed tokens (num_accepted[b] proposals, then one) */
     int32_t *num_accepted;        /* [rows] out */
     double *seconds;              /* [2] grow by the time inside the draft's and the target's llama_decode */
-    int32_t invariant;            /* 0: ordinary passes; 1, 2: shape-invariant passes (placeholders; see above) */
+    int32_t invariant;            /* 0: ordinary passes; 1, 2, 3: shape-invariant passes (placeholders; see above) */
     const float *taus;            /* [rows] each row's proposal temperature (proposal.py), or NULL: 1 (q itself) */
     const float *grid_taus;       /* [grid_size] the grid whose acceptance the rule measures */
     int32_t grid_size;            /* 0: none (a fixed tau) */
@@ -622,8 +623,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
     const int32_t n_ctx_seq = (int32_t)llama_n_ctx_seq(target);
     /* positions of every row in the target's pass: k + 1, at least 2 under sgemm's attention (a placeholder after a
-     * lone token) and for a lone row past SPLIT_KV_FROM under flash attention */
-    const int32_t lone = invariant == 2 || (invariant == 1 && live == 1 && target_length[lo] + 1 > SPLIT_KV_FROM);
+     * lone token) and for a lone row under flash attention: past SPLIT_KV_FROM, or always over sgemm's weights */
+    const int32_t lone = invariant == 2 || (invariant == 3 && live == 1) ||
+                         (invariant == 1 && live == 1 && target_length[lo] + 1 > SPLIT_KV_FROM);
     const int32_t per_row = lone && k == 0 ? 2 : k + 1;
     int32_t pad_at[rows > 0 ? rows : 1]; /* an inactive row's placeholders go after its last cell (as context.py's) */
     for (int32_t b = lo + 1; invariant && b < hi; b++) { /* past a sequence's room: an ordinary pass instead */

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import CheckpointError
+from . import regime
 from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
@@ -72,8 +73,8 @@ class LlamaCppModel:
     the KV cache's type: "f16" (llama.cpp's default) or "f32" (logits equal to verispec's
     PyTorch model on the same f32 weights to about 1e-5, instead of 1e-3). Both are
     shape-invariant under exact kernels (docs/EXACTNESS.md). `flash_attention`: whether its
-    shape-invariant contexts run flash attention (a file whose matrices all take dot-product
-    kernels at every width, with an f16 cache) or sgemm's attention (context.py).
+    shape-invariant contexts run flash attention or sgemm's attention (context.py; chosen by
+    regime.py).
     """
 
     device = torch.device("cpu")
@@ -120,9 +121,15 @@ class LlamaCppModel:
 
     @functools.cached_property
     def flash_attention(self) -> bool:
-        """Whether shape-invariant contexts run flash attention (context.py: two regimes); read from the
-        file's header once, when a shape-invariant context first asks (a draft's never does)."""
-        return self.kv_type == "f16" and not _matrix_types(self.path) & _SGEMM_TYPES
+        """Whether shape-invariant contexts run flash attention (context.py: two regimes); chosen once
+        (regime.py: by file type, or measured), when a shape-invariant context first asks (a draft's
+        never does)."""
+        return regime.flash_for(self)
+
+    @functools.cached_property
+    def sgemm_weights(self) -> bool:
+        """Whether a matrix of the file takes llamafile's sgemm from 2 columns on (read from its header)."""
+        return bool(_matrix_types(self.path) & _SGEMM_TYPES)
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"

@@ -153,7 +153,7 @@ class CompiledStep:
             output=self.output.ctypes.data,
             num_accepted=self.num_accepted.ctypes.data,
             seconds=self.seconds.ctypes.data,
-            invariant=0 if not context.invariant else 1 if context.flash else 2,
+            invariant=0 if not context.invariant else 2 if not context.flash else 3 if context.lone_pad else 1,
             taus=self.taus.ctypes.data if self.proposal is not None else None,
             grid_taus=self.grid_taus.ctypes.data if len(grid) else None,
             grid_size=len(grid),
