@@ -1,7 +1,8 @@
 """GGUF models on llama.cpp (llama-cpp-python's C API) behind verispec's model protocol.
 
 One concern per module: lib (loading the library, the CPU probe, the exact-kernels setting),
-context (a llama.cpp context, its cache and batches, the placeholder rules), model
+context (a llama.cpp context, its cache and batches, the placeholder rules), regime (which
+attention a file runs: the --flash-attn setting, measured per CPU), model
 (`LlamaCppModel`), tokenizer (`GGUFTokenizer`), step (the compiled iteration), compiled
 (llama_step.c beside it, built and loaded), quantize (llama.cpp's quantizer) and deviation
 (how much a position's logits depend on the pass). Importing this package does not load

@@ -17,6 +17,7 @@ Knows nothing of sampling or speculation.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -75,18 +76,20 @@ def remembered(model) -> dict:
         json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, system_info(), _cpu_name(), SHAPES]).encode()
     ).hexdigest()[:20]
     memo = cache_root().parent / "attention" / f"{key}.json"
-    try:
-        return json.loads(memo.read_text())
-    except (OSError, ValueError):
-        pass
-    times = measure(model)
-    found = {"flash": faster(times), "shapes": [list(s) for s in SHAPES], "flash_s": times["flash"]}
-    found["sgemm_s"] = times["sgemm"]
     memo.parent.mkdir(parents=True, exist_ok=True)
-    temp = memo.with_suffix(f".{os.getpid()}.tmp")
-    temp.write_text(json.dumps(found))
-    os.replace(temp, memo)
-    return found
+    with open(memo.with_suffix(".lock"), "w") as lock:  # processes starting together (replicas) measure once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return json.loads(memo.read_text())
+        except (OSError, ValueError):
+            pass
+        times = measure(model)
+        found = {"flash": faster(times), "shapes": [list(s) for s in SHAPES], "flash_s": times["flash"]}
+        found["sgemm_s"] = times["sgemm"]
+        temp = memo.with_suffix(f".{os.getpid()}.tmp")
+        temp.write_text(json.dumps(found))
+        os.replace(temp, memo)
+        return found
 
 
 class _Forced:
