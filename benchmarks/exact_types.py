@@ -85,6 +85,7 @@ def main() -> int:
             "type": name,
             "prompts": len(prompts),
             "exact_kernels": exact_kernels(),
+            "flash_attention": target.flash_attention,  # the regime it ran (--flash-attn auto: llamacpp/regime.py)
             "speculative_differs": differing,
             "batched_k4_differs": batch_differs,
             "llama_cpp_plain_differs": peer_differs,
