@@ -193,6 +193,27 @@ def test_prompts_written_together_under_flash_attention_show_the_tiled_kernel(fi
     assert (_last_logits(model, prompts) - alone).abs().max() > 0
 
 
+@pytest.mark.parametrize("name, flash, blocks", [("Q4_K_M", True, True), ("F16", True, True), ("Q4_K_M", True, False)])
+def test_a_prompt_read_in_pieces_gets_the_cells_it_gets_whole(files, monkeypatch, name, flash, blocks):
+    """A server reads a long prompt 256 tokens a pass (--prefill-chunk); `generate` writes it in one
+    call. Under flash attention both cut it at the same positions (context.PROMPT_BLOCK), so the
+    next logits are equal. The negative control (blocks off): written whole, the prompt's last 44
+    tokens run in the tiled kernel with the rest; read in pieces they do not, and the logits differ."""
+    from verispec.llamacpp import context
+
+    if not blocks:
+        monkeypatch.setattr(context, "PROMPT_BLOCK", 10**9)
+    model = LlamaCppModel(files[name], n_threads=2)
+    model.flash_attention = flash
+    prompt = (_contexts(model)[0] * 40)[:300]
+    whole = _last_logits(model, [prompt])
+    cache = model.new_cache(1, 600)
+    model.prefill([prompt[:256]], cache)
+    model.write(torch.tensor([prompt[256:]]), cache)
+    pieces = model(torch.tensor([[5]]), cache)[:, 0]
+    assert torch.equal(pieces, whole) == blocks
+
+
 @pytest.mark.parametrize("small_first", [False, True])
 def test_a_reused_context_cuts_a_prompt_as_a_fresh_one_does(files, monkeypatch, small_first):
     """A cache made for 8 positions leaves its context to the next cache that fits (llama.cpp

@@ -51,7 +51,8 @@ def add_parsers(commands) -> None:
         type=positive,
         default=256,
         help="a longer prompt is read this many tokens per "
-        "pass, so that the running requests wait at most one piece (default 256)",
+        "pass, so that the running requests wait at most one piece (default 256; under flash attention a multiple "
+        "of 256 keeps rows equal to generate's, docs/EXACTNESS.md)",
     )
     srv.add_argument(
         "--model-name", default=None, help="the model's name in the API (default: the target's directory or file name)"

@@ -37,6 +37,7 @@ _TOKENS_PER_ROW = (
 _UBATCH_POSITIONS = 6  # a ubatch's pass over the weights costs about this many positions of compute (a one-row pass of
 #                       the built-in target costs about as much as 6 more positions in it)
 TILED_FROM = 64  # flash attention's tiled kernel takes a sequence's queries from 64 a ubatch on (ggml's GGML_FA_TILE_Q)
+PROMPT_BLOCK = 256  # under flash attention a prompt is written in passes cut at multiples of this position
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: rows of one cache
 KV_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
 SPLIT_KV_FROM = 240  # flash attention splits the cells of one query of one sequence over the threads once a pass reads
@@ -149,10 +150,18 @@ class Context:
         bool for all): (read(logits [n, V]) of each llama_decode, concatenated, or None without
         read; seconds spent inside llama_decode). read sees llama.cpp's own buffer in place (a
         view, reused by the next decode): it returns a copy or a reduction of it."""
-        if self.flash and len(tokens) >= TILED_FROM and not (seqs == seqs[0]).all():
-            counts = np.unique(seqs, return_counts=True)[1]
-            if counts.max() >= TILED_FROM:  # a prompt: each sequence on its own (`_each_sequence`)
-                return self._each_sequence(tokens, positions, seqs, outputs, read)
+        if self.flash and len(tokens) >= TILED_FROM and np.unique(seqs, return_counts=True)[1].max() >= TILED_FROM:
+            return self._in_blocks(tokens, positions, seqs, outputs, read)  # a prompt: `_in_blocks`
+        return self._decode(tokens, positions, seqs, outputs, read)
+
+    def _decode(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seqs: np.ndarray,
+        outputs: np.ndarray | bool,
+        read: Callable[[np.ndarray], np.ndarray] | None,
+    ) -> tuple[np.ndarray | None, float]:
         lib, results, inside = library(), [], 0.0
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
@@ -209,7 +218,7 @@ class Context:
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
         return found, inside
 
-    def _each_sequence(
+    def _in_blocks(
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
@@ -217,24 +226,28 @@ class Context:
         outputs: np.ndarray | bool,
         read: Callable[[np.ndarray], np.ndarray] | None,
     ) -> tuple[np.ndarray | None, float]:
-        """`decode` one sequence at a time, in the order of their first tokens. Under flash
-        attention a sequence of 64 queries or more in a ubatch takes the tiled kernel, whose
-        results depend on how the ubatch was cut (padded to another row's length, split where the
-        batch reaches n_batch): a prompt written beside others would get other cells than alone.
-        Alone, its passes depend on its own tokens only."""
+        """`decode` one sequence at a time, in the order of their first tokens, each cut where its
+        positions cross a multiple of PROMPT_BLOCK. Under flash attention a sequence of 64 queries
+        or more in a ubatch takes the tiled kernel, whose results depend on how the ubatch was cut
+        (padded to another row's length, split where the batch reaches n_batch, or a prompt read
+        piece by piece by a server): each prompt then got other cells than alone and whole. Cut at
+        fixed positions, its passes depend on its own tokens only, whether it is written at once
+        or in pieces of a multiple of PROMPT_BLOCK (a server's --prefill-chunk, 256 by default)."""
         flags = np.full(len(tokens), outputs) if isinstance(outputs, bool) else np.asarray(outputs)
         found, order, inside = [], [], 0.0
         for seq in seqs[np.sort(np.unique(seqs, return_index=True)[1])]:
-            at = np.flatnonzero(seqs == seq)
-            result, seconds = self.decode(tokens[at], positions[at], seqs[at], flags[at], read)
-            inside += seconds
-            if result is not None:
-                found.append(result)
-                order.append(at[flags[at]])
+            mine = np.flatnonzero(seqs == seq)
+            blocks = positions[mine] // PROMPT_BLOCK
+            for block in blocks[np.sort(np.unique(blocks, return_index=True)[1])]:
+                at = mine[blocks == block]
+                result, seconds = self._decode(tokens[at], positions[at], seqs[at], flags[at], read)
+                inside += seconds
+                if result is not None:
+                    found.append(result)
+                    order.append(at[flags[at]])
         if read is None:
             return None, inside
-        order_all = np.concatenate(order)
-        return np.concatenate(found)[np.argsort(order_all)], inside
+        return np.concatenate(found)[np.argsort(np.concatenate(order))], inside
 
     def _single_pad(
         self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool
