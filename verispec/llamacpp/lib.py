@@ -77,12 +77,12 @@ def set_exact_kernels(on: bool) -> None:
       position and a GEMM kernel for more;
     - ggml's tiled K-quant/IQ product off (`GGML_CPU_TILED_MM=0`, read once by ggml): it takes
       passes of 8 positions or more, the dot-product kernel the rest;
-    - placeholder tokens (`LlamaCppModel.shape_invariant`, context.py) in one of two attention
-      regimes per file: sgemm's attention (flash attention off) with no sequence of one token in
-      a target pass, where llamafile's sgemm takes a matrix of the file (f32, f16, bf16, q8_0,
-      ...: products of 2 columns or more) and attention's products of one query per sequence
-      take another kernel than those of several; else flash attention, each query on its own,
-      with a placeholder after a one-token pass only where it would split a query's cells.
+    - placeholder tokens (`LlamaCppModel.shape_invariant`, context.py) under one of two
+      attentions per file (regime.py, `--flash-attn`): sgemm's attention (flash attention off)
+      with no sequence of one token in a target pass (its products of one query per sequence
+      take another kernel than those of several); or flash attention, each query on its own,
+      with a placeholder after a one-token pass where it would split a query's cells or where
+      llamafile's sgemm takes a matrix of the file (f32, f16, bf16, q8_0, ...: 2 columns or more).
     Off: llama.cpp's defaults for the kernels (repacking, the tiled product), no placeholders;
     faster on some types, exact only where the measured deviation is 0.
     """

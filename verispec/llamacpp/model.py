@@ -121,7 +121,7 @@ class LlamaCppModel:
 
     @functools.cached_property
     def flash_attention(self) -> bool:
-        """Whether shape-invariant contexts run flash attention (context.py: two regimes); chosen once
+        """Whether shape-invariant contexts run flash attention (context.py's placeholder rules); chosen once
         (regime.py: by file type, or measured), when a shape-invariant context first asks (a draft's
         never does)."""
         return regime.flash_for(self)
