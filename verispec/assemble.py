@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from .llamacpp.regime import FLASH_ATTN_CHOICES
 from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
 from .models.checkpoint import load_tokenizer as load_directory_tokenizer
 from .models.checkpoint import parse_dtype
@@ -80,8 +81,8 @@ class Settings:
             raise ValueError(f"--threads must be an integer >= 1, got {self.threads!r}")
         if not isinstance(self.exact_kernels, bool):
             raise ValueError(f"--exact-kernels must be on or off, got {self.exact_kernels!r}")
-        if self.flash_attn not in ("auto", "on", "off"):
-            raise ValueError(f"--flash-attn must be one of auto, on, off, got {self.flash_attn!r}")
+        if self.flash_attn not in FLASH_ATTN_CHOICES:
+            raise ValueError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_CHOICES)}, got {self.flash_attn!r}")
         if not (isinstance(self.confidence_threshold, (int, float)) and 0.0 <= self.confidence_threshold < 1.0):
             raise ValueError(
                 f"--confidence-threshold must be a probability in [0, 1), got {self.confidence_threshold!r}"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..assemble import Settings, model_spec
 from ..config import SamplingParams
+from ..llamacpp.regime import FLASH_ATTN_CHOICES
 from ..models.backend import BACKENDS, GGUF_TYPES, is_gguf
 
 
@@ -190,7 +191,7 @@ def models_parent(
     )
     parent.add_argument(
         "--flash-attn",
-        choices=["auto", "on", "off"],
+        choices=FLASH_ATTN_CHOICES,
         default="auto",
         help="attention of a llama.cpp target under exact kernels: auto (default): flash attention for files whose "
         "matrices all take dot-product kernels (K-quants), else whichever of flash and sgemm's attention measured "

@@ -4,8 +4,9 @@ One concern per module: lib (loading the library, the CPU probe, the exact-kerne
 context (a llama.cpp context, its cache and batches, the placeholder rules), regime (which
 attention a file runs: the --flash-attn setting, measured per CPU), model
 (`LlamaCppModel`), tokenizer (`GGUFTokenizer`), step (the compiled iteration), compiled
-(llama_step.c beside it, built and loaded), quantize (llama.cpp's quantizer) and deviation
-(how much a position's logits depend on the pass). Importing this package does not load
+(llama_step.c beside it, built and loaded), quantize (llama.cpp's quantizer), deviation
+(how much a position's logits depend on the pass) and memo (measurements remembered per file
+and machine). Importing this package does not load
 llama.cpp: `unavailable()` says whether it can run here. Knows nothing of sampling or
 speculation but the compiled step's mirror of them.
 """

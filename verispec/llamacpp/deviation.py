@@ -13,16 +13,14 @@ a plain pass has two distributions. Works for any model with the model protocol 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from ..models.kernels import cache_root
-from .lib import exact_kernels, system_info
+from . import memo
+from .lib import exact_kernels
 
 
 @dataclass(frozen=True)
@@ -86,37 +84,21 @@ def _synthetic_context(vocab_size: int, length: int = 40) -> list[int]:
 
 def startup_deviation(model) -> Deviation:
     """`pass_shape_deviation` on two fixed contexts, remembered in the cache directory per
-    (file, its size and time, llama.cpp's build line, the process's kernel settings)."""
-
+    (file, its size and time, llama.cpp's build line, the CPU, the process's kernel settings)."""
     path = Path(model.path)
     stat = path.stat()
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                str(path.resolve()),
-                stat.st_size,
-                stat.st_mtime_ns,
-                system_info(),
-                exact_kernels(),
-                getattr(model, "shape_invariant", None),
-                getattr(model, "flash_attention", None),
-                "attention regimes: three",  # which placeholder rules (context.py) it holds for
-                model.n_threads,
-            ]
-        ).encode()
-    ).hexdigest()[:20]
-    memo = cache_root().parent / "deviation" / f"{key}.json"
-    try:
-        return Deviation(**json.loads(memo.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
+    parts = [
+        str(path.resolve()),
+        stat.st_size,
+        stat.st_mtime_ns,
+        exact_kernels(),
+        getattr(model, "shape_invariant", None),
+        getattr(model, "flash_attention", None),
+        "attention regimes: three",  # which placeholder rules (context.py) it holds for
+        model.n_threads,
+    ]
     contexts = [_synthetic_context(model.vocab_size), _synthetic_context(model.vocab_size, 33)[::-1]]
-    found = pass_shape_deviation(model, contexts)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    temp = memo.with_suffix(f".{os.getpid()}.tmp")
-    temp.write_text(json.dumps(asdict(found)))
-    os.replace(temp, memo)
-    return found
+    return Deviation(**memo.remembered("deviation", parts, lambda: asdict(pass_shape_deviation(model, contexts))))
 
 
 _DEFAULTS_CHILD = """

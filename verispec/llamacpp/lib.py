@@ -3,7 +3,7 @@
 Owns `library()` (the `llama_cpp` module, its backend initialised and its log captured),
 `log_tail` / `clear_log` (llama.cpp's recent error lines: its log is silenced, errors are quoted
 in ours), `unavailable()` (why llama.cpp cannot run here, or None), `cpu_flags()` (this CPU's
-instruction sets), `system_info`, `default_threads`, and the exact-kernels setting
+instruction sets), `cpu_name`, `system_info`, `default_threads`, and the exact-kernels setting
 (`set_exact_kernels`, `exact_kernels`). Knows nothing of models, caches or speculation.
 """
 
@@ -109,6 +109,15 @@ def _without_extra_buffers(llama_cpp) -> None:
         return params
 
     llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = model_params
+
+
+def cpu_name() -> str:
+    """This CPU's model name from /proc/cpuinfo ('' where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
 
 
 def cpu_flags() -> set[str] | None:

@@ -17,19 +17,15 @@ Knows nothing of sampling or speculation.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..models.kernels import cache_root
-from .lib import library, system_info
+from . import memo
+from .lib import library
 
 FLASH_ATTN_CHOICES = ("auto", "on", "off")  # llama.cpp's -fa / --flash-attn values
 SHAPES = ((1, 4), (1, 8), (4, 1), (4, 4), (8, 1), (8, 2))  # (rows, positions per row) of the timed passes
@@ -72,24 +68,17 @@ def remembered(model) -> dict:
     for this file, llama.cpp build and CPU (whatever the thread count: the regime sets the numerics)."""
     path = Path(model.path)
     stat = path.stat()
-    key = hashlib.sha256(
-        json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, system_info(), _cpu_name(), SHAPES]).encode()
-    ).hexdigest()[:20]
-    memo = cache_root().parent / "attention" / f"{key}.json"
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    with open(memo.with_suffix(".lock"), "w") as lock:  # processes starting together (replicas) measure once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return json.loads(memo.read_text())
-        except (OSError, ValueError):
-            pass
+
+    def found() -> dict:
         times = measure(model)
-        found = {"flash": faster(times), "shapes": [list(s) for s in SHAPES], "flash_s": times["flash"]}
-        found["sgemm_s"] = times["sgemm"]
-        temp = memo.with_suffix(f".{os.getpid()}.tmp")
-        temp.write_text(json.dumps(found))
-        os.replace(temp, memo)
-        return found
+        return {
+            "flash": faster(times),
+            "shapes": [list(s) for s in SHAPES],
+            "flash_s": times["flash"],
+            "sgemm_s": times["sgemm"],
+        }
+
+    return memo.remembered("attention", [str(path.resolve()), stat.st_size, stat.st_mtime_ns, SHAPES], found)
 
 
 class _Forced:
@@ -141,13 +130,3 @@ def measure(model, passes: int = 5) -> dict[str, list[float]]:
 
 def _first_logit(logits: np.ndarray) -> np.ndarray:
     return logits[:, :1].copy()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
