@@ -530,8 +530,15 @@ def test_llama_cpp_program_command_lines_for_the_draft_model_and_each_ngram_draf
         assert line[line.index("--spec-type") + 1] == spec_type and "-md" not in line and "-td" not in line
         assert (line[line.index(flag) + 1] == "16") if flag else not any(a.startswith("--spec-ngram") for a in line)
         assert line[line.index("--temp") + 1] == "1.0" and line[line.index("-s") + 1] == "7"
-    with pytest.raises(ValueError, match="not both or neither"):
-        lp.command(program, target, "x", 16, greedy, 2, 256, draft=draft, ngram="ngram-mod")
+    # chained: the n-gram drafter first at its own length, the draft model where it finds nothing
+    line = lp.command(program, target, "x", 16, sampled, 2, 256, draft=draft, ngram="ngram-mod", ngram_length=48, k=4)
+    assert line[line.index("--spec-type") + 1] == "ngram-mod,draft-simple" and line.count("--spec-type") == 1
+    assert line[line.index("--spec-ngram-mod-n-max") + 1] == "48" and line[line.index("--spec-draft-n-max") + 1] == "4"
+    assert line[line.index("-fa") + 1] == "off"
+    line = lp.command(program, target, "x", 16, greedy, 2, 256, draft=draft, flash=True)
+    assert line[line.index("-fa") + 1] == "on"
+    with pytest.raises(ValueError, match="an n-gram drafter or both"):
+        lp.command(program, target, "x", 16, greedy, 2, 256)
     assert lp.ngram_lengths("ngram-cache", [4, 16]) == [lp.NGRAM_CACHE_LENGTH]
     assert lp.ngram_lengths("ngram-mod", [4, 16]) == [4, 16]
 

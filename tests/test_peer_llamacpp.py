@@ -230,6 +230,24 @@ def test_the_report_takes_medians_over_pairs_and_of_per_pair_ratios():
     assert any(line.startswith("verispec k=4: proposal temperature") for line in lines)
 
 
+def test_a_chained_ngram_and_draft_counts_as_llamacpps_speculative_not_as_an_ngram_drafter():
+    from verispec.analysis.llamacpp_program import ngram_system
+
+    results = _results()
+
+    def runs(speed: float) -> list[list[dict]]:
+        return [[{"text": "x", "decoded": 60, "seconds": 60 / speed, "drafted": 4, "accepted": 2}] * 2] * 3
+
+    chain, lone = "ngram-mod,draft-simple k=4", "ngram-mod"
+    results[ngram_system(lone, 16)], results[ngram_system(chain, 16)] = runs(25), runs(50)
+    sweeps = {ngram_system(lone, 16): (lone, 16), ngram_system(chain, 16): (chain, 16)}
+    result = report(results, pair_order(3, [0]), tokenizer=None, header=dict(HEADER), sweeps=sweeps)
+    rows = {row["system"].split(" n=")[0]: row for row in result["runs"]}
+    assert result["llamacpp_speculative_best"].startswith(f"llama.cpp {chain} n=16")  # 50 tokens/s: its best
+    assert rows[f"llama.cpp {chain}"]["vs_llamacpp_ngram_best"] == pytest.approx(2.0)  # over ngram-mod alone
+    assert rows["verispec k=4"]["vs_llamacpp_speculative_best"] == pytest.approx(30 / 50)  # median of 10, 40, 30
+
+
 def test_greedy_reports_identity_per_pair():
     results = _results()
     results[PLAIN][1][-1] = dict(results[PLAIN][1][-1], tokens=[2] * 60)  # pair 1's last round differs

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..config import SamplingParams
 
 PROGRAM = "llama-speculative-simple"
+DRAFT_SIMPLE = "draft-simple"  # its draft-model drafter's --spec-type
 # the flag that sets each n-gram drafter's draft length in this llama.cpp version (common/arg.cpp);
 # ngram-cache has none: its draft length is fixed at 8 (common/speculative.cpp, create_state_ngram_cache)
 NGRAM_LENGTH_FLAGS: dict[str, str | None] = {
@@ -109,20 +110,28 @@ def command(
     k: int = 4,
     p_min: float = 0.0,
     ngram: str | None = None,
+    ngram_length: int | None = None,
+    flash: bool = False,
 ) -> list[str]:
-    """The program's command line: the draft model `draft` at draft length k (`draft-simple`), or
-    with `ngram` set, that n-gram drafter at draft length k and no draft model; sampling as `params`
-    (its seed included) in verispec's order. The prompt is taken as given (no escape processing);
-    flash attention off like every other system of the comparison; other settings at the program's
-    defaults."""
-    if (draft is None) == (ngram is None):
-        raise ValueError("give a draft model or an n-gram drafter, not both or neither")
-    if ngram is None:
-        spec = ["-md", str(draft), "-td", str(threads), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
-        spec += ["--spec-draft-p-min", str(p_min)] if p_min else []
-    else:
+    """The program's command line: the draft model `draft` at draft length k (`draft-simple`); or
+    with `ngram` set, that n-gram drafter at draft length `ngram_length` (default k), alone or, with
+    a draft too, chained before it (`--spec-type NGRAM,draft-simple`: llama.cpp drafts by the
+    n-gram where it finds one, by the model elsewhere); sampling as `params` (its seed included) in
+    verispec's order. The prompt is taken as given (no escape processing); flash attention as
+    `flash` (`-fa on|off`: the attention verispec's context runs, so that both sides run the same
+    kernels); other settings at the program's defaults."""
+    if draft is None and ngram is None:
+        raise ValueError("give a draft model, an n-gram drafter or both")
+    types, spec = [], []
+    if ngram is not None:
         flag = NGRAM_LENGTH_FLAGS[ngram]
-        spec = ["--spec-type", ngram] + ([flag, str(k)] if flag else [])
+        types.append(ngram)
+        spec += [flag, str(k if ngram_length is None else ngram_length)] if flag else []
+    if draft is not None:
+        types.append(DRAFT_SIMPLE)
+        spec += ["-md", str(draft), "-td", str(threads), "--spec-draft-n-max", str(k)]
+        spec += ["--spec-draft-p-min", str(p_min)] if p_min else []
+    spec += ["--spec-type", ",".join(types)]
     return [
         str(program),
         "-m",
@@ -138,7 +147,7 @@ def command(
         "-c",
         str(n_ctx),
         "-fa",
-        "off",
+        "on" if flash else "off",
         *sampling_flags(params),
     ]
 

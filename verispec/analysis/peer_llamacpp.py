@@ -14,12 +14,15 @@ of decode-only tokens/s (report: `peer_report`):
   `draft_path=None`, at each integer k;
 - llama.cpp's own speculative decoding, when `speculative_bin` names a directory holding
   `llama-speculative-simple` (built from the same llama.cpp version): the same target and draft
-  files, `--spec-draft-n-max k` for each integer k, flash attention off like every other
-  system here, its other settings at their defaults; its decode speed and acceptance are read
-  from its log;
+  files, `--spec-draft-n-max k` for each integer k, its other settings at their defaults; its
+  decode speed and acceptance are read from its log;
 - with `ngram_types`, the same program's model-free n-gram drafters (`--spec-type ngram-mod`,
   ...; `llamacpp_program`), each at every length of `ngram_draft_lengths`, only each drafter's
-  fastest length reported.
+  fastest length reported; with `suffix` and a draft too, each chained before the draft model
+  (`--spec-type ngram-mod,draft-simple`) at the first integer k, llama.cpp's counterpart of
+  verispec's suffix+draft.
+Every llama.cpp system runs the attention verispec's target context runs (`flash_attention`:
+llama-cpp-python's flash_attn, the program's -fa), so that both sides run the same kernels.
 Every system samples one distribution: temperature, top-k, top-p, min-p in verispec's order (`process_logits`);
 llama.cpp's program by `--samplers` (`llamacpp_program.sampler_names`), llama-cpp-python by `ordered_sampler`
 (its own chain puts temperature last). How llama.cpp speculates at T > 0:
@@ -52,7 +55,7 @@ from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
 from ..policy import AdaptiveLength
 from ..stats import SpecStats
 from . import llamacpp_program
-from .llamacpp_program import NGRAM_DRAFT_LENGTHS, SEED_LIMIT, ngram_lengths, ngram_system, sampler_names
+from .llamacpp_program import DRAFT_SIMPLE, NGRAM_DRAFT_LENGTHS, SEED_LIMIT, ngram_lengths, ngram_system, sampler_names
 from .peer_report import PLAIN, report
 from .profile import profile_costs
 
@@ -94,7 +97,7 @@ def _ordered_llama():
     return OrderedLlama
 
 
-def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None = None):
+def _llama_cpp_python(path: Path, n_ctx: int, threads: int, flash: bool, lookup_k: int | None = None):
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
@@ -106,6 +109,7 @@ def _llama_cpp_python(path: Path, n_ctx: int, threads: int, lookup_k: int | None
         n_batch=512,
         draft_model=draft,
         logits_all=draft is not None,  # with a draft it keeps every row's logits, but sizes them by this flag
+        flash_attn=flash,
         verbose=False,
     )
 
@@ -170,9 +174,10 @@ def run_llamacpp_peer_bench(
     stop drafting under the same rule), so that each side's best is taken over both. verispec's draft
     model proposes at `draft_temperature` (None: auto, `ModelDrafter`'s choice by measured acceptance).
     `ngram_types` (needs `speculative_bin`) adds llama.cpp's n-gram drafters, each at its best of
-    `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting (and suffix + the draft model, with
-    one), whose corpus spans one seed's prompts of a round in order (requests served one after another)
-    and starts empty at each seed's first prompt."""
+    `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting, whose corpus spans one seed's
+    prompts of a round in order (requests served one after another) and starts empty at each seed's
+    first prompt; with a draft model also suffix + the draft, verispec's prompt lookup and llama.cpp's
+    n-gram drafters chained before the draft."""
     _check(ks, max_new_tokens, repeats, seeds, ngram_types, ngram_draft_lengths, speculative_bin)
     sampling = SamplingParams(temperature=0.0) if sampling is None else sampling
     sampling = dataclasses.replace(sampling, max_new_tokens=max_new_tokens, seed=None)
@@ -192,21 +197,22 @@ def run_llamacpp_peer_bench(
             target, draft, k_max=k_max, context_length=round(statistics.mean(map(len, prompts)) + max_new_tokens / 2)
         )
 
-    def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None):
+    def verispec(k: int | str, threshold: float = 0.0, lookup: SuffixDrafter | None = None, model: bool = True):
         policies: list[AdaptiveLength] = []  # with k = "auto": one policy per seed's round, as a process keeps one
+        model = model and draft is not None
 
         def run(i: int, seed: int) -> dict:
             drafter = (
                 None
                 if k == 0
                 else ModelDrafter(draft, threshold, draft_temperature)
-                if draft is not None
+                if model
                 else PromptLookupDrafter()
             )
             if lookup is not None:  # suffix drafting, alone or before the draft model; a new corpus per seed's round
                 if i == 0:
                     lookup.clear_corpus()
-                drafter = lookup if draft is None else CombinedDrafter(lookup, drafter)
+                drafter = CombinedDrafter(lookup, drafter) if model else lookup
             if k == "auto" and (i == 0 or not policies):
                 policies[:] = [AdaptiveLength(k_max=k_max, prior_c=profile.c or 0.0, prior_r=profile.r)]
             policy = policies[0] if k == "auto" else k
@@ -232,8 +238,9 @@ def run_llamacpp_peer_bench(
             llm, prompts[i], max_new_tokens, dataclasses.replace(sampling, seed=seed)
         )
 
+    flash = target.flash_attention  # the attention verispec's contexts run: every llama.cpp system runs it too
     systems: dict[str, Callable[[int, int], dict]] = {
-        PLAIN: python(_llama_cpp_python(target_path, n_ctx, threads)),
+        PLAIN: python(_llama_cpp_python(target_path, n_ctx, threads, flash)),
         "verispec plain": verispec(0),
     }
     # with a confidence threshold, every draft length runs both without it and with it, on both sides
@@ -244,11 +251,13 @@ def run_llamacpp_peer_bench(
             systems[name.format(k) + (f", confidence {threshold:g}" if threshold else "")] = verispec(k, threshold)
     if suffix:
         for k in ks:
-            name = "verispec suffix k={}" if draft is None else "verispec suffix+draft k={}"
-            systems[name.format(k)] = verispec(k, lookup=SuffixDrafter(keep_corpus=True))
+            systems[f"verispec suffix k={k}"] = verispec(k, lookup=SuffixDrafter(keep_corpus=True), model=False)
+            if draft is not None:  # the combination, and prompt lookup beside it: the model-free drafters it is held to
+                systems[f"verispec suffix+draft k={k}"] = verispec(k, lookup=SuffixDrafter(keep_corpus=True))
+                systems[f"verispec prompt lookup k={k}"] = verispec(k, model=False)
     if draft is None:
         for k in numeric:
-            lookup = _llama_cpp_python(target_path, n_ctx, threads, lookup_k=k)
+            lookup = _llama_cpp_python(target_path, n_ctx, threads, flash, lookup_k=k)
             systems[f"llama.cpp prompt lookup k={k} (llama-cpp-python)"] = python(lookup)
     program = _program(speculative_bin) if speculative_bin is not None else None
 
@@ -256,7 +265,16 @@ def run_llamacpp_peer_bench(
         def run(i: int, seed: int) -> dict:
             params = dataclasses.replace(sampling, seed=seed)
             line = llamacpp_program.command(
-                program, target_path, texts[i], max_new_tokens, params, threads, n_ctx + 64 + k, k=k, **spec
+                program,
+                target_path,
+                texts[i],
+                max_new_tokens,
+                params,
+                threads,
+                n_ctx + 64 + k,
+                k=k,
+                flash=flash,
+                **spec,
             )
             return llamacpp_program.run(line, texts[i])
 
@@ -274,6 +292,14 @@ def run_llamacpp_peer_bench(
         for length in ngram_lengths(spec_type, ngram_draft_lengths):
             sweeps[ngram_system(spec_type, length)] = (spec_type, length)
             systems[ngram_system(spec_type, length)] = external(length, ngram=spec_type)
+    if suffix and program is not None and draft is not None and numeric:  # llama.cpp's own chains, n-gram then draft
+        for spec_type in ngram_types:
+            chain = f"{spec_type},{DRAFT_SIMPLE} k={numeric[0]}"
+            for length in ngram_lengths(spec_type, ngram_draft_lengths):
+                sweeps[ngram_system(chain, length)] = (chain, length)
+                systems[ngram_system(chain, length)] = external(
+                    numeric[0], ngram=spec_type, ngram_length=length, draft=Path(draft_path)
+                )
     pairs = pair_order(len(prompts), seeds)
     results = interleave(systems, pairs, repeats, progress)
     return report(

@@ -16,7 +16,7 @@ import statistics
 from collections import Counter
 
 from ..stats import SpecStats
-from .llamacpp_program import keep_best_lengths
+from .llamacpp_program import DRAFT_SIMPLE, keep_best_lengths
 
 PLAIN = "llama.cpp plain (llama-cpp-python)"
 
@@ -42,8 +42,10 @@ def report(
             row.update(_identity(system, results, tokenizer))
         rows.append(row)
     rows = keep_best_lengths(rows, sweeps or {})
-    own = [row for row in rows if row["system"].startswith("llama.cpp speculative")]
-    ngram = [row for row in rows if "draft_length_sweep" in row]
+    # llama.cpp's drafts with a model (alone, or chained after an n-gram drafter), and its model-free n-gram drafters
+    chained = [row for row in rows if DRAFT_SIMPLE in row["system"]]
+    own = [row for row in rows if row["system"].startswith("llama.cpp speculative")] + chained
+    ngram = [row for row in rows if "draft_length_sweep" in row and row not in chained]
     best_own = max(own, key=lambda row: row["tokens_per_s"]) if own else None
     best_ngram = max(ngram, key=lambda row: row["tokens_per_s"]) if ngram else None
     for row in rows:

@@ -184,8 +184,9 @@ def _add_bench(commands) -> None:
     bench.add_argument(
         "--peer-suffix",
         action="store_true",
-        help="with --peer llamacpp: also verispec's suffix drafting (and suffix+DRAFT with a draft model), at each "
-        "--k, its corpus spanning the prompts of a round in order, as a server's spans its requests",
+        help="with --peer llamacpp: also verispec's suffix drafting at each --k, its corpus spanning the prompts of a "
+        "round in order, as a server's spans its requests; with a draft model also suffix+DRAFT, verispec's prompt "
+        "lookup, and each --peer-ngram drafter chained before llama.cpp's draft (NGRAM,draft-simple) at the first k",
     )
     bench.add_argument(
         "--peer-ngram-lengths",
