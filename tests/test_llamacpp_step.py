@@ -304,3 +304,32 @@ def test_plan_times_a_lookup_at_every_k_on_the_path_it_runs(pair, monkeypatch, l
     with pytest.raises(KeyError):  # no pass of 2 or more positions was timed
         profile.profile_passes(target, make(), k_max=3, context_length=40, repeats=1)
     assert sorted(set(ks)) != [0, 1, 2, 3]  # some k never ran
+
+
+def test_plan_times_passes_at_its_sampling_settings(pair, monkeypatch):
+    """At T > 0 a pass also processes the vocabulary at each position (temperature, top-k, ...) and runs the
+    rule on it: `plan` times its passes at its own settings, so that at T = 1 its costs are T = 1's. The
+    control: greedy timing (the default) runs no row at T > 0; each setting is profiled apart (not cached as one)."""
+    from verispec import engine
+    from verispec.analysis import profile
+    from verispec.analysis.plan import plan
+
+    target, draft, prompts = pair
+    seen, join = [], engine.Batch.join  # the settings of every row that joins a calibration's batch
+
+    def recorded(self, rows, params, ids, *args, **kwargs):
+        seen.extend(p for p, i in zip(params, ids) if i[0] == "calibration")
+        return join(self, rows, params, ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine.Batch, "join", recorded)
+    sampled = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=12, seed=3)
+    profile._PASSES.clear()
+    greedy_costs = profile.profile_passes(target, ModelDrafter(draft), k_max=2, context_length=40, repeats=1)
+    assert seen and all(p.greedy for p in seen)
+    seen.clear()
+    sampled_costs = profile.profile_passes(target, ModelDrafter(draft), 2, 40, 1, sampling=sampled)
+    assert seen and all(p.temperature == 1.0 and p.top_k == 40 and p.seed == 0 for p in seen)
+    assert sampled_costs is not greedy_costs
+    seen.clear()
+    plan(target, {"draft": ModelDrafter(draft)}, prompts[:1], sampled, k_max=2)
+    assert seen and all(p.temperature == 1.0 and p.top_k == 40 for p in seen)  # plain's and the draft's passes

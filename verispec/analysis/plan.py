@@ -262,7 +262,7 @@ def plan(
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     # S(k) is over verispec's plain decoding, as bench's: on llama.cpp a plain pass runs the compiled step
     compiled = getattr(target, "compiled_step", None) is not None
-    plain_s = profile_passes(target, None, 0, context, repeats=7).target_s[0] if compiled else None
+    plain_s = profile_passes(target, None, 0, context, repeats=7, sampling=params).target_s[0] if compiled else None
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
@@ -277,7 +277,7 @@ def plan(
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
         if (hasattr(draft, "own_model") or hasattr(draft, "confident")) and compiled:
-            profile = profile_passes(target, draft, k_max, context)  # timed as generate runs it
+            profile = profile_passes(target, draft, k_max, context, sampling=params)  # timed as generate runs it
         else:
             profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
         unit = plain_s or profile.target_s[0]  # costs in plain passes

@@ -20,6 +20,7 @@ compiled step runs, as `bench` and `generate` run it).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -177,13 +178,20 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 @torch.no_grad()
 def calibrate(
-    batch, policy, sizes: Sequence[int], max_model_len: int, repeats: int = 3, prompt_length: int = 64
+    batch,
+    policy,
+    sizes: Sequence[int],
+    max_model_len: int,
+    repeats: int = 3,
+    prompt_length: int = 64,
+    sampling: SamplingParams | None = None,
 ) -> float:
     """Time passes of `batch` (an empty engine.Batch) and seed `policy` with their medians
     (`AdaptiveLength.seed_costs`); returns the seconds taken.
 
     For each repeat and each size B in `sizes` (interleaved, so that drift lands on every size
-    alike): B rows of a synthetic greedy prompt join, then passes at k = 0, 1, 1, 2, ..., k_max
+    alike): B rows of a synthetic prompt join (greedy, or sampled as `sampling`: temperature,
+    top-k, top-p, min-p, whose processing a pass at T > 0 pays), then passes at k = 0, 1, 1, 2, ..., k_max
     (the draft's reading of the joined prompt is reported apart from the draft time, so it is
     not in these times), and the rows are cancelled. Medians, not means: the first pass at a new shape
     can cost ten times the others (llama.cpp sizes its buffers). t_target is keyed by the
@@ -197,6 +205,8 @@ def calibrate(
     if budget < 1:
         return 0.0
     params = SamplingParams(temperature=0, max_new_tokens=budget)
+    if sampling is not None:
+        params = dataclasses.replace(sampling, max_new_tokens=budget, seed=0, stop_token_ids=())
     scripted, saved = _Scripted(k_max), batch.policy
     script = [0, 1, *range(1, k_max + 1)] if k_max else [0, 0, 0]
     started = time.perf_counter()
@@ -265,13 +275,22 @@ class _EveryPass:
 
 
 @torch.no_grad()
-def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, repeats: int = 5) -> CostProfile:
+def profile_passes(
+    target,
+    drafter,
+    k_max: int = 8,
+    context_length: int = 128,
+    repeats: int = 5,
+    sampling: SamplingParams | None = None,
+) -> CostProfile:
     """t_target(1..k_max+1) and t_draft from passes of a real engine.Batch of one row (`calibrate`):
     the path `generate` and `bench` run, llama.cpp's compiled step where it applies, with its own
     sampling, rule and bookkeeping in the times (`profile_costs` times the Python path's). A pass
     of k proposals is t_target(k + 1); t_draft is the median over k of its drafting time / k. With no
     drafter (k_max 0): plain passes, the baseline `bench` compares with. A model-free drafter (one
-    with `confident`) proposes k at every pass (`_EveryPass`); its lookup's time is in t_target."""
+    with `confident`) proposes k at every pass (`_EveryPass`); its lookup's time is in t_target.
+    Rows sample as `sampling` (temperature, top-k, top-p, min-p; default greedy): at T > 0 a pass
+    also processes the vocabulary at each position and runs the rule on it."""
     from ..engine import Batch  # the engine and the policies sit above this module
     from ..policy import FixedLength
 
@@ -283,7 +302,9 @@ def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, r
     model = getattr(drafter, "model", None)
     lookup = drafter is not None and model is None and hasattr(drafter, "confident")
     kind = _identity(model) if model is not None else type(drafter).__name__ if lookup else None
-    key = (_identity(target), kind, context, k_max)
+    sampled = None if sampling is None or sampling.greedy else sampling  # None: greedy passes
+    settings = None if sampled is None else (sampled.temperature, sampled.top_k, sampled.top_p, sampled.min_p)
+    key = (_identity(target), kind, context, k_max, settings)
     if key in _PASSES:
         return _PASSES[key]
     costs = _Costs(k_max)
@@ -291,7 +312,7 @@ def profile_passes(target, drafter, k_max: int = 8, context_length: int = 128, r
     proposer = _EveryPass(drafter) if lookup else drafter
     batch = Batch(target, [], params, proposer, FixedLength(k_max), capacity=1, max_length=context + budget + k_max + 1)
     try:
-        calibrate(batch, costs, [1], max_model_len=4 * context + budget, repeats=repeats, prompt_length=context)
+        calibrate(batch, costs, [1], 4 * context + budget, repeats, prompt_length=context, sampling=sampled)
     finally:
         batch.close()
     target_s = tuple(
