@@ -19,7 +19,8 @@ cost. Costs are in passes of verispec's plain decoding, the baseline `bench` com
 llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; a
 model-free drafter runs the Python path, timed there with its lookup and the rule in r(n) (the
 same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path
-passes. Their r(1) is then above 1. Greedy (beta in
+passes. Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a
+pass also processes the vocabulary and runs the rule on it). Greedy (beta in
 {0, 1}) makes it the engine's own count of passes on that
 continuation. Blocks start where the last one stopped, after a rejection more often than at
 a random position, which a mean of beta over every position misses (it overstates prompt
