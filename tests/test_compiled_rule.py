@@ -205,3 +205,28 @@ def test_negative_control_the_compiled_rule_told_q_where_the_proposals_came_from
     logits, proposals, q = _case(13, ROWS, k, vocab, params, 0.5)
     python, uniforms = _python(logits, proposals, q, params, 13, 0.5)
     assert len(_mismatches(_compiled(logits, proposals, q, params, uniforms, 1.0), python)) > ROWS // 10
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.6), TRUNCATED["top-k+top-p+min-p"](64)])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_the_compiled_rule_for_a_lookup_is_the_python_coupled_form(k, setting):
+    """A lookup's proposals (q one-hot, `given` to the compiled step): the compiled rule draws y_i ~ p_i with
+    the number of role i and keeps x_i while y_i == x_i, as `verify` with draft_probs None; beta = p(x_i).
+    Peaked logits and proposals near the target, so that every acceptance count occurs."""
+    seed = 9000 + 10 * k + len(setting)
+    params = SamplingParams(**setting)
+    logits, proposals, _ = _case(seed, ROWS, k, 64, params, 0.0, 6.0)  # proposals: a close draft's argmax
+    python, uniforms = _python(logits, proposals, None, params, seed)
+    assert _mismatches(_compiled(logits, proposals, None, params, uniforms), python) == []
+    assert {n for _, n, _, _ in python} == set(range(k + 1))  # not vacuous
+
+
+def test_negative_control_the_rejection_form_where_the_proposals_were_a_lookups():
+    """Told a q (the rejection form: u q(x) < p(x)) where the compiled side ran the coupled form, rows differ."""
+    k, vocab, params = 3, 64, SamplingParams(temperature=1.0)
+    logits, proposals, q = _case(14, ROWS, k, vocab, params, 0.0, 6.0)
+    one_hot = torch.nn.functional.one_hot(proposals, vocab).float()  # the lookup's q, declared as a distribution
+    python, uniforms = _python(logits, proposals, one_hot, params, 14)  # the same q, the rejection form's numbers
+    compiled = _compiled(logits, proposals, None, params, uniforms)
+    differ = [b for b, (c, py) in enumerate(zip(compiled, python)) if c[:2] != py[:2]]  # tokens or accepted count
+    assert len(differ) > ROWS // 10

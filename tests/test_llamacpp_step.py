@@ -115,6 +115,45 @@ def test_plain_decoding_through_the_compiled_step_commits_what_the_python_path_c
     assert compiled == python
 
 
+@pytest.mark.parametrize("lookup", ["ngram", "suffix"])
+def test_a_lookup_runs_on_the_compiled_step_and_commits_plain_decodings_tokens(pair, lookup):
+    """Prompt lookup and suffix drafting propose before each compiled call (q one-hot): greedy, the
+    Python path's tokens and acceptance; sampled, plain decoding's tokens for the same seeds (the
+    coupled form: the target's own draws), with k = 0 steps between. Not vacuous: proposals are
+    made and both kept and rejected; a row whose seed differs commits other tokens."""
+    from verispec.drafters.ngram import PromptLookupDrafter
+    from verispec.drafters.suffix import SuffixDrafter
+
+    target, _, prompts = pair
+    repeated = [p + p[1:] for p in prompts]  # prompts that repeat: the lookups find matches
+    make = PromptLookupDrafter if lookup == "ngram" else SuffixDrafter
+    steps = []
+    target.compiled_step = lambda *args: steps.append(llamacpp_step.CompiledStep.maybe(target, *args)) or steps[-1]
+    try:
+        greedy = SamplingParams(temperature=0, max_new_tokens=40)
+        compiled_stats = SpecStats()
+        compiled = generate_all(target, repeated, greedy, make(), Cycle((4, 0, 8)), compiled_stats)
+        sampled = [SamplingParams(temperature=t, top_k=40, max_new_tokens=40, seed=s) for t, s in ((1.0, 3), (0.7, 4))]
+        sampled += [replace(sampled[0], seed=5)]
+        sampled_stats = SpecStats()
+        spec = generate_all(target, repeated, sampled, make(), Cycle((4, 0, 8)), sampled_stats)
+        plain = generate_all(target, repeated, sampled)
+        other = generate_all(target, repeated, [replace(p, seed=p.seed + 1) for p in sampled])
+    finally:
+        del target.compiled_step
+    assert steps and all(step is not None and step.lookup for step in steps[:2])
+    python_stats = SpecStats()
+    target.compiled_step = lambda *args: None  # the Python path
+    try:
+        assert generate_all(target, repeated, greedy, make(), Cycle((4, 0, 8)), python_stats) == compiled
+    finally:
+        del target.compiled_step
+    assert _acceptance(compiled_stats) == _acceptance(python_stats)
+    assert 0 < compiled_stats.accepted < compiled_stats.proposed
+    assert spec == plain and 0 < sampled_stats.accepted < sampled_stats.proposed
+    assert other != plain
+
+
 def test_k_0_steps_and_a_prompt_longer_than_one_llama_cpp_batch(pair):
     target, draft, prompts = pair
     long_prompt = (prompts[0] + prompts[1] + prompts[2]) * 40  # > 512 tokens, all pending at the draft's first proposal
@@ -277,24 +316,24 @@ def test_plan_times_a_draft_on_the_compiled_step_it_runs_on(pair, monkeypatch):
 
 @pytest.mark.parametrize("lookup", ["ngram", "suffix"])
 def test_plan_times_a_lookup_at_every_k_on_the_path_it_runs(pair, monkeypatch, lookup):
-    """A model-free drafter runs the Python path (its rule, its lookup); `profile_passes` times it there at
-    every k by having it propose its padded lookup at every pass: on calibrate's synthetic prompt the lookup
-    itself finds nothing, and (the negative control) would time nothing but plain passes."""
+    """A model-free drafter runs the compiled step on llama.cpp (its lookup before each call); `profile_passes`
+    times it there at every k by having it propose its padded lookup at every pass: on calibrate's synthetic
+    prompt the lookup itself finds nothing, and (the negative control) would time nothing but plain passes."""
     from verispec.analysis import profile
     from verispec.drafters.ngram import PromptLookupDrafter
     from verispec.drafters.suffix import SuffixDrafter
-    from verispec.step import PythonStep
 
     target = pair[0]
     make = PromptLookupDrafter if lookup == "ngram" else SuffixDrafter
-    ks, run = [], PythonStep.run
+    ks, run = [], llamacpp_step.CompiledStep.run
 
     def recorded(self, k, *args, **kwargs):
         done = run(self, k, *args, **kwargs)
-        ks.append(done.k)
+        ks.append(done[3])  # the proposals made (step.Iteration's k)
         return done
 
-    monkeypatch.setattr(PythonStep, "run", recorded)
+    monkeypatch.setattr(llamacpp_step.CompiledStep, "run", recorded)
+    profile._PASSES.clear()
     costs = profile.profile_passes(target, make(), k_max=3, context_length=40, repeats=1)
     assert sorted(set(ks)) == [0, 1, 2, 3] and len(costs.target_s) == 4 and costs.draft_s is None
     assert min(costs.target_s) > 0

@@ -17,8 +17,8 @@ t + i + 1. The expected cost of covering the continuation (k*c + r(k+1) per draf
 r(1) per plain one, from the profiler) is summed backwards from its end, and S(k) = tokens /
 cost. Costs are in passes of verispec's plain decoding, the baseline `bench` compares with: on
 llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; a
-model-free drafter runs the Python path, timed there with its lookup and the rule in r(n) (the
-same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path
+model-free drafter is timed on the step it runs (the compiled one, its lookup before each call) with
+its lookup and the rule in r(n) (the same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path
 passes. Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a
 pass also processes the vocabulary and runs the rule on it). Greedy (beta in
 {0, 1}) makes it the engine's own count of passes on that

@@ -74,6 +74,7 @@ class StepArgs(ctypes.Structure):
         ("index", _p),  # int32 [3 V + 2] scratch (T > 0)
         ("tell_q", ctypes.c_int32),  # 1: the rule is told q, not what drew the proposal (a negative control)
         ("first_at", _p),  # int32 [rows] out: each row's first place in the target's batch (-1: not in it)
+        ("given", _p),  # int32 [rows, k]: proposals made outside (a lookup; q one-hot), with no draft; or NULL
     ]
 
 
@@ -108,6 +109,7 @@ class _RuleArgs(ctypes.Structure):
         ("output", _p),
         ("beta", _p),
         ("grid", _p),
+        ("coupled", ctypes.c_int32),  # 1: q one-hot at the proposals (draft_probs unread)
     ]
 
 
@@ -238,7 +240,8 @@ def compiled_rule(
     grid_taus: tuple[float, ...] = (),
 ) -> tuple[list[int], int, list[float], int, np.ndarray]:
     """llama_step.c's rule on one row: logits [k+1, V] float32 (the target's raw logits), proposals
-    [k], draft_probs [k, V] float32 (q processed, not sharpened; None at temperature 0), `params` a
+    [k], draft_probs [k, V] float32 (q processed, not sharpened; None: q one-hot at the proposals, the
+    coupled form of a lookup's proposals at temperature > 0), `params` a
     SamplingParams, the proposals drawn from sharpen(q, tau). Its random numbers are `uniforms`
     [k+1] float64 by role (u_i for the test of position i, u_k for the recovered or bonus draw: the
     roles of `rejection.verify`), or else drawn in turn from a splitmix64 stream in state `rng` (as
@@ -274,6 +277,7 @@ def compiled_rule(
         output.ctypes.data,
         beta.ctypes.data,
         grid.ctypes.data if len(taus) else None,
+        int(q is None),
     )
     n = loaded.verispec_rule(ctypes.byref(args))
     verified = min(n + 1, k)

@@ -1,6 +1,6 @@
 /* One speculative iteration on two llama.cpp contexts, in one call from Python.
  *
- * The iteration of verispec's engine with a ModelDrafter (engine.py, step.py, rejection.py,
+ * The iteration of verispec's engine with a ModelDrafter or a lookup (engine.py, step.py, rejection.py,
  * sampling.py and proposal.py are the reference; llamacpp/step.py loads this file):
  * the draft reads its pending tokens and proposes up to k tokens, stopping early once every
  * row's top draft probability is below p_min; the target scores [pending, x_1..x_k] in one
@@ -22,7 +22,11 @@
  * sampling.sample with one generator per row: a row's numbers never depend on the other rows.
  * The numbers a row uses in one call, in turn: one per proposal with tau_b > 0 (none at tau_b = 0:
  * the argmax is not random), then one per test of positions 0..n, then one for the recovered or
- * bonus token. The rule itself is `verispec_rule`, exported (with `verispec_process`) so that a
+ * bonus token. With `given` instead of a draft (a lookup: prompt lookup, suffix drafting) the proposals are
+ * made outside, deterministic, so q is one-hot and the rule takes its coupled form (rejection.verify with
+ * draft_probs None): the target draws y_i ~ p_i with the number plain decoding would draw there and keeps x_i
+ * while y_i == x_i; the first y_i that differs (or the bonus y) is committed: one number per committed token, so
+ * that a seed gives plain decoding's tokens. The rule itself is `verispec_rule`, exported (with `verispec_process`) so that a
  * test runs it beside rejection.verify_batch on the same logits and numbers.
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
@@ -426,6 +430,7 @@ struct row {
     const int32_t *proposals;
     const struct proposal *drawn; /* [drafted] (temperature > 0) */
     int32_t drafted;
+    int32_t coupled; /* the proposals were made outside (q one-hot): the coupled form at temperature > 0 */
     uint64_t *rng;
     const double *given; /* the rule's numbers by role, or NULL: from rng */
     int32_t *output;
@@ -455,6 +460,13 @@ static int32_t rule(const struct row *r, int32_t vocab, const struct verispec_sa
         return n;
     }
     const float *p = w->probs;
+    for (int32_t i = 0; r->coupled && i <= drafted; i++) { /* the target's own draws, kept while they are x_i */
+        const struct support kept = process(r->logits[i], vocab, s, w, w->probs);
+        r->output[i] = draw(on_support(p, kept, w->residual), kept, number(r->given, i, r->rng));
+        if (i == drafted) return drafted; /* every proposal kept: the bonus token */
+        r->beta[i] = p[r->proposals[i]]; /* sum min(p, q) with q one-hot at x_i */
+        if (r->output[i] != r->proposals[i]) return i;
+    }
     for (int32_t i = 0; i < drafted; i++) {
         const struct support kept = process(r->logits[i], vocab, s, w, w->probs);
         const struct proposal *d = &r->drawn[i];
@@ -500,6 +512,7 @@ struct verispec_rule_args {
     int32_t *output;              /* [drafted + 1] out */
     double *beta;                 /* [drafted] out */
     double *grid;                 /* [drafted, grid_size] out, or NULL */
+    int32_t coupled;              /* 1: q one-hot at the proposals (draft_probs unread): the coupled form */
 };
 
 /* The rule the step runs, on one row given its logits, proposals and q (exported for the tests that compare it
@@ -511,7 +524,7 @@ int32_t verispec_rule(const struct verispec_rule_args *a) {
     struct work w = work_of(a->scratch, a->index, vocab);
     struct proposal drawn[drafted + 1];
     float norms[(drafted + 1) * (1 + size)];
-    for (int32_t i = 0; a->sampling.temperature > 0.0f && i < drafted; i++) {
+    for (int32_t i = 0; a->sampling.temperature > 0.0f && !a->coupled && i < drafted; i++) {
         const float *q = a->draft_probs + (size_t)i * vocab;
         int32_t n = 0;
         for (int32_t t = 0; t < vocab; t++)
@@ -520,7 +533,8 @@ int32_t verispec_rule(const struct verispec_rule_args *a) {
         const int32_t top = describe(q, (struct support){w.ids, n}, a->tau, grid, mine, w.aligned, w.logs);
         drawn[i] = (struct proposal){q, a->tau, top, mine};
     }
-    const struct row r = {a->logits, a->proposals, drawn, drafted, a->rng, a->given, a->output, a->beta, a->grid};
+    const struct row r = {a->logits, a->proposals, drawn, drafted, a->coupled, a->rng, a->given, a->output, a->beta,
+                          a->grid};
     return rule(&r, vocab, &a->sampling, size ? grid : (struct grid){0, 0}, &w);
 }
 
@@ -577,6 +591,7 @@ struct verispec_step_args {
     int32_t tell_q;               /* 1: the rule is told q whatever tau drew the proposal: inexact, the tests' negative control */
     int32_t *first_at;            /* [rows] out: row b's first place in the target's batch (-1: not in it), whose
                                      logits (llama_get_logits_ith) stay readable until the next decode */
+    const int32_t *given;         /* [rows, k] proposals made outside (a lookup, q one-hot), with draft NULL; or NULL */
 };
 
 /* Row b's proposals for position i, drawn by verispec_step: the pointers into its arrays. */
@@ -604,7 +619,8 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     int32_t *proposals = a->proposals, *output = a->output, *num_accepted = a->num_accepted;
     double *seconds = a->seconds;
     int32_t invariant = a->invariant; /* a copy: this step may turn it off for itself */
-    if (!draft && k > 0) return TOO_MANY_TOKENS; /* no draft: plain steps only */
+    const int32_t *given = draft ? 0 : a->given; /* no draft: plain steps, or proposals made outside */
+    if (!draft && !given && k > 0) return TOO_MANY_TOKENS;
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
     const struct grid grid = {a->grid_taus, a->grid ? a->grid_size : 0};
@@ -638,8 +654,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
     if (span * per_row > a->capacity || (k > 0 && first > a->capacity)) return TOO_MANY_TOKENS;
 
+    if (given) memcpy(proposals, given, (size_t)rows * k * sizeof *proposals);
     /* Draft: each row's pending tokens (logits at the last), then k - 1 single tokens. */
-    for (int32_t i = 0; i < k; i++) {
+    for (int32_t i = 0; draft && i < k; i++) {
         draft_batch->n_tokens = 0;
         for (int32_t b = 0; b < rows; b++) {
             if (!active[b]) continue;
@@ -701,9 +718,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
         struct proposal drawn[drafted + 1];
         const int row_sampled = sampling[b].temperature > 0.0f;
-        for (int32_t i = 0; row_sampled && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
-        const struct row r = {logits, proposals + b * k, drawn, drafted, rng + b, 0, output + b * (k + 1),
-                              a->beta + b * k, grid.size ? a->grid + (size_t)b * k * grid.size : 0};
+        for (int32_t i = 0; row_sampled && !given && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
+        const struct row r = {logits, proposals + b * k, drawn, drafted, given != 0, rng + b, 0, output + b * (k + 1),
+                              a->beta + b * k, grid.size && !given ? a->grid + (size_t)b * k * grid.size : 0};
         const int32_t n = rule(&r, vocab, &sampling[b], row_sampled ? grid : (struct grid){0, 0}, &w);
         const int32_t token = output[b * (k + 1) + n];
         num_accepted[b] = n;

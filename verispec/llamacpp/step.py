@@ -50,9 +50,17 @@ class DraftModel(Protocol):
 class DraftSource(Protocol):
     """What the compiled step asks of a drafter (drafters.model.ModelDrafter keeps it): its own
     model, or None where its proposals are not a model's own (the step then does not apply).
-    Read once, at the start; from then on the step owns that state."""
+    Read once, at the start; from then on the step owns that state. A lookup (prompt lookup,
+    suffix drafting: a drafter with `confident` and no `own_model`) is not one: it proposes
+    before each call, as on the Python path (`propose`, then `commit`), and the call verifies
+    its tokens (`given`: q one-hot, the coupled form)."""
 
     def own_model(self) -> DraftModel | None: ...
+
+
+def _is_lookup(drafter) -> bool:
+    """A model-free drafter whose proposals are deterministic (q one-hot): drafters/ngram.py, drafters/suffix.py."""
+    return hasattr(drafter, "confident") and not hasattr(drafter, "own_model")
 
 
 def _capacity(cache: LlamaCppCache, draft: DraftModel | None) -> int:
@@ -73,12 +81,13 @@ class CompiledStep:
 
     `maybe(target, cache, drafter, sampling, prompts, k_max)` returns one when it applies (a
     `LlamaCppModel` target; a drafter whose `own_model()` is a llama.cpp model of the same
-    vocabulary, or no drafter: plain decoding; every row greedy or in rejection mode, each with its
-    own temperature, top-k, top-p and min-p (a batch that starts with top-p without top-k runs the
-    Python path, whose torch sort of the vocabulary is faster; rows that join later may have it);
-    the compiled step loaded; slots*(k_max+1) positions in one llama.cpp batch of both contexts).
-    It keeps the engine's step interface (step.PythonStep's): `run(k, pending, logprobs)` runs one
-    iteration for the batch's rows, `commit` has nothing left to do; rows leave (`keep_rows`, called
+    vocabulary, or a lookup (`_is_lookup`), or no drafter: plain decoding; every row greedy or in
+    rejection mode, each with its own temperature, top-k, top-p and min-p (a batch that starts with
+    top-p without top-k runs the Python path, whose torch sort of the vocabulary is faster; rows
+    that join later may have it); the compiled step loaded; slots*(k_max+1) positions in one
+    llama.cpp batch of both contexts). It keeps the engine's step interface (step.PythonStep's):
+    `run(k, pending, logprobs)` runs one iteration for the batch's rows, `commit` tells a lookup
+    what was committed (a draft model's state is the step's own); rows leave (`keep_rows`, called
     before the caches drop them) and join (`add_rows`, after the caches, the drafter and the
     sampling took them) between steps, as a server's requests do.
     At T > 0 row r draws from its own splitmix64 stream, started where `RowStreams` starts it (so
@@ -110,6 +119,8 @@ class CompiledStep:
         self.settings = (Sampling * slots)()  # each slot's struct verispec_sampling
         self.sampled = np.zeros(slots, bool)  # each slot's temperature > 0 (its settings, read from Python)
         self.proposals = np.zeros(slots * max(k_max, 1), np.int32)
+        self.lookup = draft is None and _is_lookup(drafter)  # the drafter proposes before each call
+        self.given = np.zeros(slots * max(k_max, 1), np.int32)  # [S, k] a lookup's proposals, slot by slot
         self.output = np.zeros(slots * (k_max + 1), np.int32)
         self.num_accepted = np.zeros(slots, np.int32)
         self.first_at = np.full(slots, -1, np.int32)
@@ -163,6 +174,7 @@ class CompiledStep:
             index=self.index.ctypes.data,
             tell_q=0,
             first_at=self.first_at.ctypes.data,
+            given=self.given.ctypes.data if self.lookup else None,
         )
 
     @classmethod
@@ -175,7 +187,7 @@ class CompiledStep:
         if any(p.top_p < 1.0 and not 0 < p.top_k < vocab for p in sampling.params if not p.greedy):
             return None  # top-p alone sorts the vocabulary at every position: torch's sort is faster
         draft = None
-        if drafter is not None:
+        if drafter is not None and not _is_lookup(drafter):
             draft = drafter.own_model() if hasattr(drafter, "own_model") else None
             if draft is None or not isinstance(draft.cache, LlamaCppCache) or draft.model.vocab_size != vocab:
                 return None
@@ -242,6 +254,13 @@ class CompiledStep:
         seqs = np.asarray(self.cache.seqs, np.int64)
         if self.proposal is not None and len(seqs):
             self.taus[seqs] = self.proposal.chosen().numpy()
+        looked_up = 0.0
+        if self.lookup:  # the lookup's tokens [B, k'] (k' <= k: fewer where nothing matched), at k = 0 too
+            tokens = self.drafter.propose(k, self.sampling)[0]
+            k = tokens.shape[1]
+            if k:
+                self.given[: len(self.active) * k].reshape(-1, k)[seqs] = tokens.numpy()
+            looked_up = time.perf_counter() - started
         made = self._call(k)
         if made == _TOO_MANY_TOKENS and self.draft is not None:  # the draft's pending tokens do not fit in one batch
             self._read_pending([int(s) for s in seqs])
@@ -253,6 +272,7 @@ class CompiledStep:
         if k > 0:
             self._joined.clear()  # a drafting step read every pending token
         drafted, verified = float(self.seconds[0]) - before[0], float(self.seconds[1]) - before[1]  # Python floats
+        drafted += looked_up
         self.target.forward_compute_s += verified
         self.cache.set_lengths(self.target_length[seqs].tolist())
         if self.draft is not None:
@@ -298,7 +318,10 @@ class CompiledStep:
         return found
 
     def commit(self, accepted: list[int], pending: torch.Tensor, live: list[bool]) -> None:
-        """Nothing: `run` rolled both caches back and keeps the pending tokens itself."""
+        """`run` rolled both caches back and keeps the pending tokens itself; a lookup learns what
+        each row committed (as on the Python path)."""
+        if self.lookup:
+            self.drafter.commit(accepted, pending, live)
 
     def tell_q(self) -> None:
         """From now on the rule is told q whatever tau drew the proposals: inexact where tau < 1 (the
