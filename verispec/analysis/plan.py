@@ -11,23 +11,21 @@ sequence[:t], and where no n-gram matches it proposes nothing (the engine's plai
 drafting replays itself along each sequence (`replay`) and may propose fewer than k tokens: beta
 is 0 past its proposal, where the engine would not have drafted.
 
-S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i
-proposals with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at
-t + i + 1. The expected cost of covering the continuation (k*c + r(k+1) per drafting pass,
-r(1) per plain one, from the profiler) is summed backwards from its end, and S(k) = tokens /
-cost. Costs are in passes of verispec's plain decoding, the baseline `bench` compares with: on
-llama.cpp that is the compiled step (`profile_passes`), which also times a draft it runs; a
-model-free drafter is timed on the step it runs (the compiled one, its lookup before each call) with
-its lookup and the rule in r(n) (the same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path
-passes. Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a
-pass also processes the vocabulary and runs the rule on it). Greedy (beta in
-{0, 1}) makes it the engine's own count of passes on that
-continuation. Blocks start where the last one stopped, after a rejection more often than at
-a random position, which a mean of beta over every position misses (it overstates prompt
-lookup). The per-position alpha_i that `plan` reports are that mean (block
-acceptance products over every start where the drafter proposes, and their ratios), for
-reading; the prediction and the recommendation come from the replay.
-"""
+S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i proposals
+with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at t + i + 1. The
+expected cost of covering the continuation (k*c + r(k+1) per drafting pass, r(1) per plain one, from
+the profiler) is summed backwards from its end, and S(k) = tokens / cost. Costs are in passes of
+verispec's plain decoding, the baseline `bench` compares with: on llama.cpp that is the compiled
+step (`profile_passes`), which also times a draft it runs; a model-free drafter is timed on the step
+it runs (the compiled one, its lookup before each call) with its lookup and the rule in r(n) (the
+same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path passes.
+Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a pass also
+processes the vocabulary and runs the rule on it). Greedy (beta in {0, 1}) makes it the engine's own
+count of passes on that continuation. Blocks start where the last one stopped, after a rejection
+more often than at a random position, which a mean of beta over every position misses (it overstates
+prompt lookup). The per-position alpha_i that `plan` reports are that mean (block acceptance
+products over every start where the drafter proposes, and their ratios), for reading; the prediction
+and the recommendation come from the replay."""
 
 from __future__ import annotations
 
