@@ -184,9 +184,8 @@ def _add_bench(commands) -> None:
     bench.add_argument(
         "--peer-suffix",
         action="store_true",
-        help="with --peer llamacpp: also verispec's suffix drafting at each --k, its corpus spanning the prompts of a "
-        "round in order, as a server's spans its requests; with a draft model also suffix+DRAFT, verispec's prompt "
-        "lookup, and each --peer-ngram drafter chained before llama.cpp's draft (NGRAM,draft-simple) at the first k",
+        help="with --peer llamacpp: also verispec's suffix drafting at each --k (its corpus spans a round's prompts); "
+        "with a draft also suffix+DRAFT, prompt lookup and each --peer-ngram before llama.cpp's draft (first k)",
     )
     bench.add_argument(
         "--peer-ngram-lengths",
