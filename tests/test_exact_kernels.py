@@ -258,7 +258,7 @@ def _spin_count(env: dict) -> str | None:
 
 def test_openmp_threads_spin_briefly_unless_the_user_chose():
     """llama.cpp's OpenMP threads spin 1,000 times at a barrier, not libgomp's 300,000, so that a
-    second process on the same cores does not slow a pass several-fold (BENCHMARKS.md); a user's
+    waiting thread sleeps soon instead of spinning against another process on the same cores; a user's
     own setting is kept (the negative control: what verispec sets is seen only when nothing is set)."""
     assert _spin_count({}) == "1000"
     assert _spin_count({"GOMP_SPINCOUNT": "5"}) == "5"

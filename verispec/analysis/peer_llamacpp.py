@@ -238,7 +238,9 @@ def run_llamacpp_peer_bench(
             llm, prompts[i], max_new_tokens, dataclasses.replace(sampling, seed=seed)
         )
 
-    flash = target.flash_attention  # the attention verispec's contexts run: every llama.cpp system runs it too
+    # the attention verispec's target contexts run (context.py: flash attention only under exact kernels, as
+    # regime.py chose; sgemm's otherwise): every llama.cpp system runs it too
+    flash = target.shape_invariant and target.flash_attention
     systems: dict[str, Callable[[int, int], dict]] = {
         PLAIN: python(_llama_cpp_python(target_path, n_ctx, threads, flash)),
         "verispec plain": verispec(0),

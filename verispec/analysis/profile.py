@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams
+from ..drafters.base import is_lookup
 from ..rejection import verify
 from ..sampling import process_logits, sample
 
@@ -300,7 +301,7 @@ def profile_passes(
     if isinstance(limit, int):
         context = max(1, min(context, limit - budget - k_max - 1))
     model = getattr(drafter, "model", None)
-    lookup = drafter is not None and model is None and hasattr(drafter, "confident")
+    lookup = is_lookup(drafter)
     kind = _identity(model) if model is not None else type(drafter).__name__ if lookup else None
     sampled = None if sampling is None or sampling.greedy else sampling  # None: greedy passes
     settings = None if sampled is None else (sampled.temperature, sampled.top_k, sampled.top_p, sampled.min_p)

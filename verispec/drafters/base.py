@@ -26,7 +26,9 @@ from q = the processed logits, sharpened by its proposal temperature, otherwise)
 `own_model()`, that model with its cache, pending tokens and proposal temperature (`OwnModel`),
 or None. A target's compiled step reads it once, at the start of a batch, and from then on runs
 propose and commit itself: the drafter's own state is not kept up to date after, but for the
-proposal temperature's estimates, which the compiled step feeds.
+proposal temperature's estimates, which the compiled step feeds. A lookup (`is_lookup`: prompt lookup,
+suffix drafting) offers `confident(k)` instead and no model: a compiled step verifies its proposals
+(q one-hot) and leaves propose and commit to it.
 """
 
 from __future__ import annotations
@@ -70,3 +72,9 @@ class Drafter(Protocol):
         """After verification: row b accepted num_accepted[b] proposals, then next_token_ids[b]
         (the recovered or bonus token, [B] long) was committed. Rows with active[b] False
         committed nothing this step and must be left as they were before propose."""
+
+
+def is_lookup(drafter) -> bool:
+    """A model-free drafter whose proposals are deterministic (q one-hot) and that can say which it stands
+    behind (`confident(k)`): drafters/ngram.py, drafters/suffix.py."""
+    return hasattr(drafter, "confident") and not hasattr(drafter, "own_model")

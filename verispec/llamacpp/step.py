@@ -12,7 +12,7 @@ dozen Python and torch steps of an iteration cost a sizeable share of a pass the
 included, each row its own), the draft proposing from q sharpened by each row's proposal
 temperature (proposal.py), with its own random stream. The Python path stays the reference:
 tests compare the two token for token at T = 0, the rule alone on random inputs at T > 0, and
-the exactness suite runs the compiled step at T > 0. Knows nothing of drafters but the
+the exactness suite runs the compiled step at T > 0. Knows nothing of drafters but `is_lookup` and the
 `DraftSource` protocol below, nor of text.
 """
 
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ..drafters.base import is_lookup
 from .compiled import Sampling, StepArgs, load, sampling_struct, step_status
 from .context import LlamaCppCache
 from .lib import library, log_tail
@@ -58,11 +59,6 @@ class DraftSource(Protocol):
     def own_model(self) -> DraftModel | None: ...
 
 
-def _is_lookup(drafter) -> bool:
-    """A model-free drafter whose proposals are deterministic (q one-hot): drafters/ngram.py, drafters/suffix.py."""
-    return hasattr(drafter, "confident") and not hasattr(drafter, "own_model")
-
-
 def _capacity(cache: LlamaCppCache, draft: DraftModel | None) -> int:
     """Tokens one llama_decode takes in both contexts (the C step fills both batches up to it)."""
     return min(cache.context.n_batch, draft.cache.context.n_batch) if draft is not None else cache.context.n_batch
@@ -81,7 +77,7 @@ class CompiledStep:
 
     `maybe(target, cache, drafter, sampling, prompts, k_max)` returns one when it applies (a
     `LlamaCppModel` target; a drafter whose `own_model()` is a llama.cpp model of the same
-    vocabulary, or a lookup (`_is_lookup`), or no drafter: plain decoding; every row greedy or in
+    vocabulary, or a lookup (`is_lookup`), or no drafter: plain decoding; every row greedy or in
     rejection mode, each with its own temperature, top-k, top-p and min-p (a batch that starts with
     top-p without top-k runs the Python path, whose torch sort of the vocabulary is faster; rows
     that join later may have it); the compiled step loaded; slots*(k_max+1) positions in one
@@ -119,7 +115,7 @@ class CompiledStep:
         self.settings = (Sampling * slots)()  # each slot's struct verispec_sampling
         self.sampled = np.zeros(slots, bool)  # each slot's temperature > 0 (its settings, read from Python)
         self.proposals = np.zeros(slots * max(k_max, 1), np.int32)
-        self.lookup = draft is None and _is_lookup(drafter)  # the drafter proposes before each call
+        self.lookup = draft is None and is_lookup(drafter)  # the drafter proposes before each call
         self.given = np.zeros(slots * max(k_max, 1), np.int32)  # [S, k] a lookup's proposals, slot by slot
         self.output = np.zeros(slots * (k_max + 1), np.int32)
         self.num_accepted = np.zeros(slots, np.int32)
@@ -187,7 +183,7 @@ class CompiledStep:
         if any(p.top_p < 1.0 and not 0 < p.top_k < vocab for p in sampling.params if not p.greedy):
             return None  # top-p alone sorts the vocabulary at every position: torch's sort is faster
         draft = None
-        if drafter is not None and not _is_lookup(drafter):
+        if drafter is not None and not is_lookup(drafter):
             draft = drafter.own_model() if hasattr(drafter, "own_model") else None
             if draft is None or not isinstance(draft.cache, LlamaCppCache) or draft.model.vocab_size != vocab:
                 return None
