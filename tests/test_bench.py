@@ -415,8 +415,8 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
     """Greedy: beta is 0 or 1, so the replay's cost with c = 0 and r = 1 is the number of
     target passes the engine makes on the same continuation, for a draft model and for
     prompt lookup (whose blocks start after rejections, not at every position) and suffix
-    drafting (whose proposals may be shorter than k)."""
-    from verispec.analysis.plan import replay_cost, teacher_forced_blocks
+    drafting (whose proposals may be shorter than k); a combined draft's forward walk (its gate) likewise."""
+    from verispec.analysis.plan import combined_cost, combined_rows, replay_cost, teacher_forced_blocks
     from verispec.config import SamplingParams
     from verispec.drafters.combined import CombinedDrafter
     from verispec.drafters.ngram import PromptLookupDrafter
@@ -443,7 +443,12 @@ def test_plan_replay_counts_the_engines_passes_under_greedy(pair, k):
             )
             generate_all(target, [prompt], params, drafter, k=k, stats=stats)
             passes.append(stats.target_passes)
-        assert [replay_cost(beta, flags, k, 0.0, [1.0] * (k + 1)) for beta, flags in blocks] == pytest.approx(passes)
+        if isinstance(candidate, CombinedDrafter):
+            rows = combined_rows(target, candidate, sequences, [len(p) for p in prompts], params, k)
+            costs = [combined_cost(row, k, 0.0, [1.0] * (k + 1)) for row in rows]
+        else:
+            costs = [replay_cost(beta, flags, k, 0.0, [1.0] * (k + 1)) for beta, flags in blocks]
+        assert costs == pytest.approx(passes)
         assert min(passes) < 40  # something was accepted
 
 

@@ -7,6 +7,9 @@ elsewhere.
   greedy with a tiny float32 Llama, batch 1 and ragged 4.
 - State: after every pass the model's cache and pending tokens are exactly each row's committed tokens.
 - Negative control: a mixed pass that declares the model's q for rows that took the lookup's tokens fails.
+- The gate (`LookupGate`): a row takes a confident lookup's tokens while the lookup's first tokens have been
+  committed at least as often as the model's first proposals were accepted; a lookup that always misses is set
+  aside after two misses, one that always hits drafts every pass.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from test_engine import (
 from test_engine import _joint_counts as engine_joint_counts
 
 from verispec.config import SamplingParams
-from verispec.drafters.combined import CombinedDrafter
+from verispec.drafters.combined import CombinedDrafter, LookupGate
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import PromptLookupDrafter
 from verispec.engine import generate_all
@@ -119,3 +122,56 @@ def test_the_models_state_is_the_committed_tokens_after_every_pass(markov):
 def test_a_lookup_without_confident_is_refused():
     with pytest.raises(ValueError, match="confident"):
         CombinedDrafter(object(), ModelDrafter(torch.nn.Linear(1, 1)))
+
+
+def test_the_gate_compares_each_rows_measured_first_token_acceptance():
+    gate = LookupGate()
+    gate.add_rows(2)
+    assert gate.prefers_lookup(0)  # prior: the lookup until it misses
+    gate.observe(0, lookup=0.0, model=None)  # a miss: 1/2 against the model's prior 1/2, a tie
+    assert gate.prefers_lookup(0)
+    gate.observe(0, lookup=0.0, model=None)  # 1/3 < 1/2
+    assert not gate.prefers_lookup(0) and gate.prefers_lookup(1)  # each row its own
+    gate.observe(0, lookup=None, model=0.0)  # the model's 1/3: a tie again
+    assert gate.prefers_lookup(0)
+    gate.observe(0, lookup=1.0, model=1.0)  # lookup 2/4, model 2/4
+    gate.observe(0, lookup=None, model=1.0)  # model 3/5
+    assert not gate.prefers_lookup(0)
+    gate.keep_rows([1])
+    assert gate.prefers_lookup(0)  # the untouched row
+
+
+class _Scripted:
+    """A lookup for one row that proposes plain greedy decoding's next k tokens, each shifted by `offset` in id
+    (0: always right; else its first token always wrong), confident at every pass."""
+
+    can_change_rows = False
+
+    def __init__(self, plain: list[int], offset: int, vocab: int):
+        self.plain, self.offset, self.vocab = plain, offset, vocab
+
+    def start(self, prompts, max_length):
+        self.at = 0  # tokens committed after the prompt
+
+    def confident(self, k):
+        ahead = (self.plain[self.at : self.at + k] + [0] * k)[:k]
+        return torch.tensor([[(t + self.offset) % self.vocab for t in ahead]]), [k]
+
+    def take(self, proposal):
+        pass
+
+    def commit(self, num_accepted, next_token_ids, active):
+        self.at += num_accepted[0] + 1 if active[0] else 0
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_lookup_that_misses_is_set_aside_and_one_that_hits_drafts_every_pass(offset):
+    target, draft = tiny_llama(0), tiny_llama(0, noise=0.02)
+    plain = generate_all(target, PROMPTS_1, GREEDY_LONG)
+    stats = SpecStats()
+    drafter = CombinedDrafter(_Scripted(plain[0], offset, target.config.vocab_size), ModelDrafter(draft))
+    assert generate_all(target, PROMPTS_1, GREEDY_LONG, drafter, k=3, stats=stats) == plain
+    if offset == 0:  # every first token committed: the lookup drafts alone, every pass
+        assert drafter.lookup_passes == stats.target_passes and stats.accepted == stats.proposed
+    else:  # two misses, then the model's measured acceptance is higher
+        assert drafter.lookup_passes == 2 and stats.accepted > 0

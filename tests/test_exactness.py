@@ -78,6 +78,33 @@ def _gpt2_draft():
         return HFCausalLM(transformers.AutoModelForCausalLM.from_config(config).eval())
 
 
+class _EvenRowsLookup:
+    """A lookup that stands behind a fixed proposal (1, 2, 3, ...) in the even rows of a batch only: deterministic
+    (q one-hot) and independent of every draw, so a combined draft's passes mix rows that verify the lookup's
+    tokens with rows that verify the model's, from the first pass on."""
+
+    can_change_rows = True
+
+    def start(self, prompts: list[list[int]], max_length: int) -> None:
+        self.even = [row % 2 == 0 for row in range(len(prompts))]  # per row, from its place when it started
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.even = [self.even[row] for row in rows]
+
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        self.even += [(len(self.even) + row) % 2 == 0 for row in range(len(prompts))]
+
+    def confident(self, k: int) -> tuple[torch.Tensor, list[int]]:
+        tokens = (torch.arange(k) % (VOCAB - 1) + 1).repeat(len(self.even), 1)  # [B, k]
+        return tokens, [k if even else 0 for even in self.even]
+
+    def take(self, proposal: torch.Tensor) -> None:
+        pass
+
+    def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
+        pass
+
+
 # name -> factory(target) -> a fresh drafter. Every drafter family, and the quantized formats.
 DRAFTERS = {
     "model": lambda target, cache: ModelDrafter(cache.setdefault("model", llama(1, 12))),
@@ -96,6 +123,9 @@ DRAFTERS = {
     "suffix": lambda target, cache: SuffixDrafter(),
     "suffix+model": lambda target, cache: CombinedDrafter(
         SuffixDrafter(), ModelDrafter(cache.setdefault("model", llama(1, 12)))
+    ),
+    "even-rows-lookup+model": lambda target, cache: CombinedDrafter(
+        _EvenRowsLookup(), ModelDrafter(cache.setdefault("model", llama(1, 12)))
     ),
     "hf-gpt2": lambda target, cache: ModelDrafter(cache.setdefault("gpt2", _gpt2_draft())),
 }
@@ -234,17 +264,33 @@ LLAMACPP_CASES = {
         "llamacpp",
         lambda g, made: CombinedDrafter(SuffixDrafter(), ModelDrafter(g["draft"])),
     ),
+    "llamacpp-target+even-rows-lookup+llamacpp-draft": (  # passes that mix the lookup's rows and the model's
+        "llamacpp",
+        lambda g, made: CombinedDrafter(_EvenRowsLookup(), ModelDrafter(g["draft"])),
+    ),
     "torch-target+llamacpp-draft": ("torch", lambda g, made: ModelDrafter(g["draft"])),
 }
 
 
 @pytest.mark.parametrize("case", sorted(LLAMACPP_CASES))
-def test_joint_distribution_is_exact_on_llama_cpp(target, gguf, made, exact, exact_llamacpp, case):
+def test_joint_distribution_is_exact_on_llama_cpp(target, gguf, made, exact, exact_llamacpp, case, monkeypatch):
+    """A llama.cpp target runs its compiled step with every drafter here (the torch draft aside); a combined draft
+    that mixes its rows mixes them in the compiled call (`given_rows`)."""
+    from verispec.llamacpp import CompiledStep
+
     on, make = LLAMACPP_CASES[case]
     model, reference = (gguf["target"], exact_llamacpp) if on == "llamacpp" else (target, exact)
-    counts, stats = _chunked_counts(model, lambda: make(gguf, made), seed=400 + sorted(LLAMACPP_CASES).index(case))
+    steps, drafters, maybe = [], [], CompiledStep.maybe
+    monkeypatch.setattr(CompiledStep, "maybe", classmethod(lambda cls, *args: steps.append(maybe(*args)) or steps[-1]))
+    counts, stats = _chunked_counts(
+        model, lambda: drafters.append(make(gguf, made)) or drafters[-1], seed=400 + sorted(LLAMACPP_CASES).index(case)
+    )
     assert_distributed_as(counts, reference, are_counts=True, label=f"{case} {SETTING} k=3")
     assert 0 < stats.accepted < stats.proposed, stats.summary()
+    if on == "llamacpp" and "torch-draft" not in case:
+        assert steps and all(step is not None for step in steps)
+    if "even-rows" in case:
+        assert all(step.combined for step in steps) and all(d.mixed_passes > 0 for d in drafters)
 
 
 @pytest.mark.parametrize("k", [1, 4])

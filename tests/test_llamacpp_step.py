@@ -154,6 +154,35 @@ def test_a_lookup_runs_on_the_compiled_step_and_commits_plain_decodings_tokens(p
     assert other != plain
 
 
+def test_a_combined_draft_runs_on_the_compiled_step_and_commits_the_python_paths_tokens(pair):
+    """Suffix drafting and the draft model as one: per call the rows the combined draft names verify the lookup's
+    tokens and the draft proposes for the others; a call where every row takes the lookup's runs no draft (its
+    pending tokens pile up). Greedy: the Python path's tokens and acceptance, in a batch of one (passes by lookup
+    alone and by the model) and of three (mixed passes), with k = 0 steps between."""
+    from verispec.drafters.combined import CombinedDrafter
+    from verispec.drafters.suffix import SuffixDrafter
+
+    target, draft, prompts = pair
+    batches = [[prompts[0] * 3], [prompts[0] * 3, prompts[1], prompts[2] + prompts[2]]]
+    greedy = SamplingParams(temperature=0, max_new_tokens=60)
+    for batch in batches:
+        runs = []
+        for python in (False, True):
+            steps, stats, drafter = [], SpecStats(), CombinedDrafter(SuffixDrafter(), ModelDrafter(draft))
+            maybe = (lambda *args: None) if python else llamacpp_step.CompiledStep.maybe
+            target.compiled_step = lambda *args: steps.append(maybe(target, *args)) or steps[-1]
+            try:
+                tokens = generate_all(target, batch, greedy, drafter, Cycle((4, 0, 8)), stats)
+            finally:
+                del target.compiled_step
+            runs.append((tokens, _acceptance(stats), drafter.lookup_passes, drafter.mixed_passes))
+            assert python or (steps[0] is not None and steps[0].combined)
+        assert runs[0] == runs[1]
+        (tokens, _, alone, mixed) = runs[0]
+        assert tokens == generate_all(target, batch, greedy)
+        assert alone > 0 if len(batch) == 1 else mixed > 0
+
+
 def test_k_0_steps_and_a_prompt_longer_than_one_llama_cpp_batch(pair):
     target, draft, prompts = pair
     long_prompt = (prompts[0] + prompts[1] + prompts[2]) * 40  # > 512 tokens, all pending at the draft's first proposal

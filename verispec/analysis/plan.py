@@ -21,22 +21,24 @@ it runs (the compiled one, its lookup before each call) with its lookup and the 
 same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path passes.
 Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a pass also
 processes the vocabulary and runs the rule on it). Greedy (beta in {0, 1}) makes it the engine's own
-count of passes on that continuation. Blocks start where the last one stopped, after a rejection
-more often than at a random position, which a mean of beta over every position misses (it overstates
-prompt lookup). The per-position alpha_i that `plan` reports are that mean (block acceptance
-products over every start where the drafter proposes, and their ratios), for reading; the prediction
-and the recommendation come from the replay."""
+count of passes on that continuation. A combined draft's gate depends on each row's history, so its passes
+are walked forward instead (`combined_cost`: exact under greedy, a mean of seeded walks otherwise). Blocks
+start where the last one stopped, after a rejection more often than at a random position, which a mean
+of beta over every position misses (it overstates prompt lookup). The per-position alpha_i that `plan`
+reports are that mean (block acceptance products over every start where the drafter proposes, and their
+ratios), for reading; the prediction and the recommendation come from the replay."""
 
 from __future__ import annotations
 
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..config import SamplingParams
-from ..drafters.combined import CombinedDrafter
+from ..drafters.combined import CombinedDrafter, LookupGate
 from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
 from ..proposal import acceptance_grid
@@ -91,7 +93,7 @@ def teacher_forced_blocks(
     lengths per sequence ("lengths": [T] long, 0 where it proposes nothing), which set the
     positions of its passes (suffix drafting proposes fewer than k where its match is short)."""
     if isinstance(draft, CombinedDrafter):  # a combined draft
-        return [block for block, _ in combined_blocks(target, draft, sequences, starts, params, k_max)]
+        return combined_blocks(combined_rows(target, draft, sequences, starts, params, k_max))
     model = draft_model_of(draft)
     if model is None and not isinstance(draft, PromptLookupDrafter) and not hasattr(draft, "replay"):
         raise ValueError(
@@ -156,18 +158,79 @@ def model_acceptance(
     return [grid[:, best] for grid in grids], tau, dict(zip(taus, means.tolist()))
 
 
-def combined_blocks(
-    target, draft, sequences, starts, params, k_max, proposal_report: dict | None = None
-) -> list[tuple[tuple, torch.Tensor]]:
-    """A combined draft (drafters/combined.py) at one row: per sequence, ((beta, proposes), model_runs [T] bool).
-    From t, the lookup's block where it proposes (it drafts alone: the model does not run), the model's elsewhere."""
-    lookup = teacher_forced_blocks(target, draft.lookup, sequences, starts, params, k_max)
+@dataclass(frozen=True)
+class CombinedRow:
+    """A combined draft's teacher-forced view of one continuation: from each position t, the lookup's beta and the
+    model's [T, k_max], where the lookup proposes [T] bool and its proposal's length [T] long."""
+
+    lookup_beta: torch.Tensor
+    model_beta: torch.Tensor
+    confident: torch.Tensor
+    lengths: torch.Tensor
+
+
+def combined_rows(target, draft, sequences, starts, params, k_max, proposal_report: dict | None = None) -> list:
+    """A combined draft (drafters/combined.py): a CombinedRow per sequence."""
+    found: dict = {}
+    lookup = teacher_forced_blocks(target, draft.lookup, sequences, starts, params, k_max, found)
     model = teacher_forced_blocks(target, draft.drafter, sequences, starts, params, k_max, proposal_report)
+    return [
+        CombinedRow(lookup_beta, model_beta, confident, lengths)
+        for (lookup_beta, confident), (model_beta, _), lengths in zip(lookup, model, found["lengths"])
+    ]
+
+
+def combined_blocks(rows: Sequence[CombinedRow]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(beta, proposes) per sequence as the gate would choose at every position (`gated`): what the acceptance
+    report shows; the cost replays the passes themselves (`combined_cost`)."""
     out = []
-    for (lookup_beta, confident), (model_beta, _) in zip(lookup, model):
-        beta = torch.where(confident[:, None], lookup_beta, model_beta)
-        out.append(((beta, torch.ones_like(confident)), ~confident))
+    for row in rows:
+        took = gated(row.confident, row.lookup_beta[:, 0], row.model_beta[:, 0])
+        out.append((torch.where(took[:, None], row.lookup_beta, row.model_beta), torch.ones_like(row.confident)))
     return out
+
+
+def gated(confident: torch.Tensor, lookup_first: torch.Tensor, model_first: torch.Tensor) -> torch.Tensor:
+    """Where a combined draft's gate (drafters/combined.LookupGate) takes the lookup at each position t [T] bool of
+    one row, replayed at every position: a trial of the lookup where it is confident, of the model where the lookup
+    is not taken, each hit with its first proposal's acceptance at t (lookup_first, model_first [T])."""
+    gate, took = LookupGate(), []
+    gate.add_rows(1)
+    for sure, lookup_hit, model_hit in zip(confident.tolist(), lookup_first.tolist(), model_first.tolist()):
+        took.append(bool(sure) and gate.prefers_lookup(0))
+        gate.observe(0, lookup_hit if sure else None, None if took[-1] else model_hit)
+    return torch.tensor(took, dtype=torch.bool)
+
+
+def combined_cost(row: CombinedRow, k: int, c: float, r: Sequence[float], draws: int = 64, seed: int = 0) -> float:
+    """Expected cost, in plain passes, of a combined draft at one row over one continuation with draft length k:
+    its passes walked forward as the engine runs them, the gate (LookupGate) choosing at each, a pass by lookup
+    alone costing r(min(k, its length) + 1), one by the model k*c + r(k + 1). Proposal i of a pass is accepted
+    with its beta; the gate's lookup trial is a hit with the lookup's first beta (the pass's own outcome where the
+    lookup drafted). Under greedy every beta is 0 or 1: one walk, the engine's passes exactly; else the mean of
+    `draws` walks from a fixed seed."""
+    length = row.lookup_beta.shape[0]
+    lookup, model = row.lookup_beta[:, :k].tolist(), row.model_beta[:, :k].tolist()
+    sure, sizes = row.confident.tolist(), [min(k, int(n)) for n in row.lengths.tolist()]
+    exact = all(b in (0.0, 1.0) for beta in (row.lookup_beta, row.model_beta) for b in beta.unique().tolist())
+    draws = 1 if exact or k == 0 else draws
+    generator, total = torch.Generator().manual_seed(seed), 0.0
+    for _ in range(draws):
+        if k == 0:
+            total += length * r[0]
+            continue
+        numbers = torch.rand(length, k + 1, generator=generator).tolist()  # [T, k + 1]: the tests, then the trial
+        gate, t = LookupGate(), 0
+        gate.add_rows(1)
+        while t < length:
+            took = bool(sure[t]) and gate.prefers_lookup(0)
+            beta, u = (lookup if took else model)[t], numbers[t]
+            n = next((i for i in range(k) if u[i] >= beta[i]), k)
+            total += r[sizes[t]] if took else k * c + r[k]
+            lookup_hit = float(n > 0) if took else float(u[k] < lookup[t][0]) if sure[t] else None
+            gate.observe(0, lookup_hit, None if took else float(n > 0))
+            t += n + 1
+    return total / draws
 
 
 def replay_cost(
@@ -176,25 +239,22 @@ def replay_cost(
     k: int,
     c: float,
     r: Sequence[float],
-    model_runs: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
 ) -> float:
     """Expected cost of producing the T tokens of one continuation with draft length k, in units
-    of a plain pass: k*c + r(k+1) per drafting pass (r(k+1) alone where model_runs [T] is False: a
-    combined draft's lookup drafts without the model), r(1) where the drafter proposes nothing,
+    of a plain pass: k*c + r(k+1) per drafting pass, r(1) where the drafter proposes nothing,
     blocks replayed as the engine runs them. beta [T, >= k], proposes [T]; r[n-1] = r(n). lengths [T]
     (a model-free drafter's, at one row): a pass from t proposes min(k, lengths[t]) tokens and costs
     r(that + 1) (beta is 0 past the proposal)."""
     length = beta.shape[0]
     rows, flags = beta[:, :k].tolist(), proposes.tolist()
-    runs = [True] * length if model_runs is None else model_runs.tolist()
     sizes = [k] * length if lengths is None else [min(k, int(n)) for n in lengths.tolist()]
     cost = [0.0] * (length + 1)  # cost[t]: expected cost from continuation position t to the end
     for t in range(length - 1, -1, -1):
         if k == 0 or not flags[t]:
             cost[t] = r[0] + cost[t + 1]
             continue
-        total, reach = k * c * runs[t] + r[sizes[t]], 1.0  # reach = P(the first i proposals are accepted)
+        total, reach = k * c + r[sizes[t]], 1.0  # reach = P(the first i proposals are accepted)
         for i in range(k):  # exactly i accepted: the next block starts at t + i + 1
             total += reach * (1.0 - rows[t][i]) * cost[min(t + i + 1, length)]
             reach *= rows[t][i]
@@ -266,12 +326,12 @@ def plan(
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
         proposal = {}
-        if isinstance(draft, CombinedDrafter):  # a combined draft: the model runs where it runs
-            pairs = combined_blocks(target, draft, sequences, starts, params, k_max, proposal)
-            blocks, runs = [block for block, _ in pairs], [run for _, run in pairs]
+        rows = None  # a combined draft's: its passes are replayed forward (combined_cost)
+        if isinstance(draft, CombinedDrafter):
+            rows = combined_rows(target, draft, sequences, starts, params, k_max, proposal)
+            blocks = combined_blocks(rows)
         else:
             blocks = teacher_forced_blocks(target, draft, sequences, starts, params, k_max, proposal)
-            runs = [None] * len(blocks)
         lengths = proposal.pop("lengths", [None] * len(blocks))  # a model-free drafter's proposal lengths
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
@@ -286,8 +346,10 @@ def plan(
         tokens = sum(len(flags) for flags in proposes)
         predicted = [
             tokens
-            / sum(
-                replay_cost(beta, flags, k, c, r, run, size) for (beta, flags), run, size in zip(blocks, runs, lengths)
+            / (
+                sum(combined_cost(row, k, c, r) for row in rows)
+                if rows is not None
+                else sum(replay_cost(beta, flags, k, c, r, size) for (beta, flags), size in zip(blocks, lengths))
             )
             for k in range(1, k_max + 1)
         ]

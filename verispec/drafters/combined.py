@@ -1,19 +1,23 @@
-"""Two drafters as one (`--draft A+B`): a lookup's proposal where it is confident, a model's elsewhere.
+"""Two drafters as one (`--draft A+B`): a lookup's proposal where it is confident and has been right, a model's
+elsewhere.
 
-Per pass: when every running row has a confident lookup proposal (`lookup.confident(k)`: the tokens and, per
-row, how many of them the lookup stands behind), the pass drafts by lookup alone and the model does not run
-(its pending tokens pile up, as on a plain pass, and are read at its next proposal). Otherwise the model
-proposes for every row, and each row with a confident lookup proposal takes the lookup's tokens instead,
-cut or padded to the model's width.
+Per pass and per row (`choose`): a row takes the lookup's tokens where the lookup is confident (`lookup.confident(k)`:
+the tokens and, per row, how many of them the lookup stands behind) and its gate (`LookupGate`) says the lookup's first
+tokens have been accepted at least as often as the model's. When every running row takes them the pass drafts by lookup
+alone and the model does not run (its pending tokens pile up, as on a plain pass, and are read at its next proposal).
+Otherwise the model proposes for every row, and each row that takes the lookup's tokens has them instead, cut or padded
+to the model's width.
 
 Exactness: a lookup's tokens are deterministic, so their q is one-hot. A pass by lookup alone declares
 `draft_probs = None`, as the lookup does; a mixed pass declares the model's q where a row took the model's
 tokens and a one-hot q where it took the lookup's (or None where the model declared None: one-hot at every
-proposal). Either way each proposal's declared q is exactly what it was drawn from, so the rule stays exact.
+proposal). Either way each proposal's declared q is exactly what it was drawn from, so the rule stays exact; the
+choice depends on what was committed before the pass, never on the pass's own draws.
 
 Commit: the lookup appends what each row committed. The model learns it as pending tokens: on a pass by
 lookup alone all of it; on a mixed pass a row that took the lookup's tokens tells the model that none of its
-own proposals were accepted and that the first committed token followed, then appends the rest.
+own proposals were accepted and that the first committed token followed, then appends the rest. On llama.cpp's
+compiled step (llamacpp/step.py), which keeps the model's state itself, `choose` and `commit_lookup` are all it asks.
 Knows nothing of vocabularies or sampling settings beyond what the two drafters declare.
 """
 
@@ -22,6 +26,43 @@ from __future__ import annotations
 import torch
 
 from ..sampling import RowSampling
+
+
+class LookupGate:
+    """Per row: whether a confident lookup's proposal goes before the model's, from each drafter's measured acceptance
+    of its first token. Every pass where the lookup had a first token x_L for a row counts a lookup trial, a hit when
+    the row's first committed token is x_L: that token is distributed as the target's p whichever drafter proposed
+    (the rule is exact), so the hit rate estimates p(x_L), the acceptance x_L would have had, without bias. Every
+    pass where the model proposed for the row counts a model trial, a hit when its first proposal was accepted
+    (probability sum min(p, q)). The lookup goes first while its rate is at least the model's (a tie: the lookup,
+    which runs no model). Priors: the lookup 1 hit in 1 trial (trusted until it misses), the model 1 in 2. Per row
+    and from its own history only, so that a seeded request's choices do not depend on the other requests."""
+
+    LOOKUP_PRIOR = (1.0, 1.0)  # (hits, trials)
+    MODEL_PRIOR = (1.0, 2.0)
+
+    def __init__(self):
+        self.lookup: list[list[float]] = []  # per row [hits, trials]
+        self.model: list[list[float]] = []
+
+    def add_rows(self, count: int) -> None:
+        self.lookup += [list(self.LOOKUP_PRIOR) for _ in range(count)]
+        self.model += [list(self.MODEL_PRIOR) for _ in range(count)]
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.lookup, self.model = [self.lookup[r] for r in rows], [self.model[r] for r in rows]
+
+    def prefers_lookup(self, row: int) -> bool:
+        (lookup_hits, lookup_trials), (model_hits, model_trials) = self.lookup[row], self.model[row]
+        return lookup_hits * model_trials >= model_hits * lookup_trials  # lookup rate >= model rate
+
+    def observe(self, row: int, lookup: float | None, model: float | None) -> None:
+        """Row `row`'s pass: a trial of the lookup (None: it had no first token) and of the model (None: it did
+        not propose for this row), each a hit (1), a miss (0) or, in plan's replay, the hit's probability."""
+        for counts, hit in ((self.lookup[row], lookup), (self.model[row], model)):
+            if hit is not None:
+                counts[0] += hit
+                counts[1] += 1
 
 
 class CombinedDrafter:
@@ -37,6 +78,8 @@ class CombinedDrafter:
         self._took_lookup: list[bool] = []  # per row: this pass proposed the lookup's tokens
         self._model_ran = False  # whether the model proposed on this pass
         self._live: list[bool] = []  # per row: still generating (rows that finished in a fixed batch are not)
+        self._candidates: list[int | None] = []  # per row: the lookup's first token this pass (None: none)
+        self.gate = LookupGate()
 
     def clear_corpus(self) -> None:
         """Forget earlier requests: the lookup's corpus, where it keeps one (suffix drafting)."""
@@ -54,6 +97,8 @@ class CombinedDrafter:
         self.lookup.start(prompts, max_length)
         self.drafter.start(prompts, max_length)
         self._live = [True] * len(prompts)
+        self.gate = LookupGate()
+        self.gate.add_rows(len(prompts))
 
     @property
     def can_change_rows(self) -> bool:
@@ -63,6 +108,7 @@ class CombinedDrafter:
         self.lookup.keep_rows(rows)
         self.drafter.keep_rows(rows)
         self._live = [self._live[r] for r in rows]
+        self.gate.keep_rows(rows)
 
     def reserve_row(self):
         return self.drafter.reserve_row()
@@ -74,6 +120,7 @@ class CombinedDrafter:
         self.lookup.add_rows(prompts)
         self.drafter.add_rows(prompts, views)
         self._live += [True] * len(prompts)
+        self.gate.add_rows(len(prompts))
 
     @property
     def joined_unread(self) -> int:
@@ -87,42 +134,50 @@ class CombinedDrafter:
 
     # ---- a pass
 
+    def choose(self, k: int) -> tuple[torch.Tensor | None, list[bool], bool]:
+        """This pass's lookup: its tokens [B, k'] (None at k = 0), per row whether the pass takes them, and whether
+        every running row does (the pass drafts by lookup alone: k' is then its longest proposal, else k)."""
+        batch, live = len(self._live), self._live
+        if k == 0:
+            self._candidates = [None] * batch
+            return None, [False] * batch, False
+        tokens, lengths = self.lookup.confident(k)  # [B, k], [B]
+        firsts = tokens[:, 0].tolist()
+        self._candidates = [first if n > 0 and on else None for first, n, on in zip(firsts, lengths, live)]
+        took = [c is not None and self.gate.prefers_lookup(row) for row, c in enumerate(self._candidates)]
+        alone = any(live) and all(t for t, on in zip(took, live) if on)
+        if alone:
+            return tokens[:, : max(lengths)], [True] * batch, True
+        return tokens, took, False
+
     @torch.no_grad()
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
         """draft_token_ids [B, k'] and draft_probs [B, k', V] or None (drafters/base.py)."""
-        batch, live = len(self._live), self._live
-        tokens, lengths = self.lookup.confident(k) if k > 0 else (None, [0] * batch)  # [B, k], [B]
-        self._model_ran = not (k > 0 and any(live) and all(n > 0 for n, on in zip(lengths, live) if on))
-        if not self._model_ran:
-            width = max(lengths)
-            self._proposal, self._took_lookup = tokens[:, :width], [True] * batch
+        tokens, took, alone = self.choose(k)  # [B, k] or [B, k'], [B]
+        self._model_ran = not alone
+        if alone:
+            self._proposal, self._took_lookup = tokens, took
             self.lookup_passes += 1
             self.drafter.propose(0, sampling)  # no model pass: its pending tokens wait
             self.lookup.take(self._proposal)
             return self._proposal, None
         proposal, probs = self.drafter.propose(k, sampling)  # [B, k'], [B, k', V] or None
         width = proposal.shape[1]
-        self._took_lookup = [n > 0 and width > 0 for n in lengths]
+        self._took_lookup = [t and width > 0 for t in took]
         if any(self._took_lookup):
             self.mixed_passes += 1
-            took = torch.tensor(self._took_lookup, device=proposal.device)
-            proposal = torch.where(took[:, None], tokens[:, :width].to(proposal.device), proposal)
+            taken = torch.tensor(self._took_lookup, device=proposal.device)
+            proposal = torch.where(taken[:, None], tokens[:, :width].to(proposal.device), proposal)
             if probs is not None:  # one-hot q where the lookup's tokens were taken
                 one_hot = torch.nn.functional.one_hot(proposal, probs.shape[-1]).to(probs.dtype)
-                probs = torch.where(took[:, None, None], one_hot, probs)
+                probs = torch.where(taken[:, None, None], one_hot, probs)
         self._proposal = proposal
         self.lookup.take(proposal)
         return proposal, probs
 
     def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
         """Both drafters learn what each row committed: its accepted proposals, then next_token_ids [B]."""
-        self.lookup.commit(num_accepted, next_token_ids, active)
-        self._live = list(active)
-        proposal = self._proposal
-        committed = [
-            proposal[row, :n].tolist() + [int(next_token_ids[row])] if on else []
-            for row, (n, on) in enumerate(zip(num_accepted, active))
-        ]
+        committed = self._learn(num_accepted, next_token_ids, active)
         if not self._model_ran:
             self.drafter.append_pending([tokens[:-1] for tokens in committed])
             self.drafter.commit(num_accepted, next_token_ids, active)
@@ -136,3 +191,41 @@ class CombinedDrafter:
         )  # [B]: a row that took the lookup's tokens: none of the model's were accepted, the first committed followed
         self.drafter.commit(own_accepted, first, active)
         self.drafter.append_pending([tokens[1:] if t else [] for t, tokens in zip(took, committed)])
+
+    def commit_lookup(
+        self,
+        proposal: torch.Tensor,
+        took: list[bool],
+        num_accepted: list[int],
+        next_token_ids: torch.Tensor,
+        active: list[bool],
+    ) -> None:
+        """On a compiled step, which keeps the model's state itself: the pass proposed `proposal` [B, k'] (the
+        lookup's tokens where `took`, as `choose` said), and row b committed num_accepted[b] of them, then
+        next_token_ids[b] [B]. The lookup and the gate learn it."""
+        self._proposal, self._took_lookup = proposal, took
+        self._model_ran = not all(t for t, on in zip(took, self._live) if on)
+        if not self._model_ran:
+            self.lookup_passes += 1
+        elif any(t and on for t, on in zip(took, self._live)):
+            self.mixed_passes += 1
+        self.lookup.take(proposal)
+        self._learn(num_accepted, next_token_ids, active)
+
+    def _learn(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> list[list[int]]:
+        """The lookup appends what each running row committed, and the gate sees the pass (its first committed
+        token against the lookup's first, and the model's first proposal's fate where the model proposed for the
+        row). Returns the committed tokens per row ([] where a row did not run)."""
+        self.lookup.commit(num_accepted, next_token_ids, active)
+        width = self._proposal.shape[1]
+        committed = [
+            self._proposal[row, :n].tolist() + [int(next_token_ids[row])] if on else []
+            for row, (n, on) in enumerate(zip(num_accepted, active))
+        ]
+        for row, (candidate, tokens, n) in enumerate(zip(self._candidates, committed, num_accepted)):
+            if tokens:
+                own = self._model_ran and width > 0 and not self._took_lookup[row]
+                hit = None if candidate is None else float(candidate == tokens[0])
+                self.gate.observe(row, hit, float(n > 0) if own else None)
+        self._live = list(active)
+        return committed

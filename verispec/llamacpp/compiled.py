@@ -74,7 +74,9 @@ class StepArgs(ctypes.Structure):
         ("index", _p),  # int32 [3 V + 2] scratch (T > 0)
         ("tell_q", ctypes.c_int32),  # 1: the rule is told q, not what drew the proposal (a negative control)
         ("first_at", _p),  # int32 [rows] out: each row's first place in the target's batch (-1: not in it)
-        ("given", _p),  # int32 [rows, k]: proposals made outside (a lookup; q one-hot), with no draft; or NULL
+        ("given", _p),  # int32 [rows, k]: proposals made outside (a lookup; q one-hot): every row's, or with a draft
+        # the rows given_rows names (a combined draft); or NULL
+        ("given_rows", _p),  # uint8 [rows]: with a draft, 1 where the row takes its given proposals; or NULL
     ]
 
 

@@ -26,7 +26,10 @@
  * made outside, deterministic, so q is one-hot and the rule takes its coupled form (rejection.verify with
  * draft_probs None): the target draws y_i ~ p_i with the number plain decoding would draw there and keeps x_i
  * while y_i == x_i; the first y_i that differs (or the bonus y) is committed: one number per committed token, so
- * that a seed gives plain decoding's tokens. The rule itself is `verispec_rule`, exported (with `verispec_process`) so that a
+ * that a seed gives plain decoding's tokens. With `given` and a draft (a combined draft: drafters/combined.py) the rows
+ * with given_rows[b] take their given proposals (the draft reads them, as it reads its own) and the others the draft's;
+ * when every active row takes given ones the draft does not run and what is committed joins its pending tokens.
+ * The rule itself is `verispec_rule`, exported (with `verispec_process`) so that a
  * test runs it beside rejection.verify_batch on the same logits and numbers.
  *
  * invariant != 0 (verispec's exact kernels): the target's pass never holds a gap in its sequence
@@ -591,7 +594,9 @@ struct verispec_step_args {
     int32_t tell_q;               /* 1: the rule is told q whatever tau drew the proposal: inexact, the tests' negative control */
     int32_t *first_at;            /* [rows] out: row b's first place in the target's batch (-1: not in it), whose
                                      logits (llama_get_logits_ith) stay readable until the next decode */
-    const int32_t *given;         /* [rows, k] proposals made outside (a lookup, q one-hot), with draft NULL; or NULL */
+    const int32_t *given;         /* [rows, k] proposals made outside (a lookup, q one-hot): every row's with draft NULL,
+                                     with a draft those of the rows given_rows names; or NULL */
+    const uint8_t *given_rows;    /* [rows] with a draft and `given`: 1 where row b takes given[b] (or NULL: none) */
 };
 
 /* Row b's proposals for position i, drawn by verispec_step: the pointers into its arrays. */
@@ -619,8 +624,15 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     int32_t *proposals = a->proposals, *output = a->output, *num_accepted = a->num_accepted;
     double *seconds = a->seconds;
     int32_t invariant = a->invariant; /* a copy: this step may turn it off for itself */
-    const int32_t *given = draft ? 0 : a->given; /* no draft: plain steps, or proposals made outside */
+    const int32_t *given = draft && !a->given_rows ? 0 : a->given; /* proposals made outside */
     if (!draft && !given && k > 0) return TOO_MANY_TOKENS;
+    uint8_t takes[rows > 0 ? rows : 1]; /* row b verifies given[b]: q one-hot, the coupled form */
+    int32_t drafting = 0;               /* active rows the draft proposes for */
+    for (int32_t b = 0; b < rows; b++) {
+        takes[b] = given && (!draft || a->given_rows[b]);
+        drafting += active[b] && !takes[b];
+    }
+    const int32_t run_draft = draft && k > 0 && drafting > 0; /* else what is committed joins its pending tokens */
     const int32_t draft_vocab = draft ? llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(draft))) : 0;
     const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(target)));
     const struct grid grid = {a->grid_taus, a->grid ? a->grid_size : 0};
@@ -633,7 +645,7 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         if (lo < 0) lo = b;
         hi = b;
         first += draft_count[b];
-        if (draft && k == 0 && draft_count[b] >= width) return TOO_MANY_TOKENS;
+        if (draft && !run_draft && draft_count[b] + k >= width) return TOO_MANY_TOKENS;
     }
     struct work w = sampled ? work_of(a->scratch, a->index, vocab) : (struct work){0};
     llama_memory_t draft_memory = draft ? llama_get_memory(draft) : 0, target_memory = llama_get_memory(target);
@@ -652,26 +664,29 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     for (int32_t b = lo; invariant && lone && k == 0 && b <= hi; b++)
         if (active[b] && target_length[b] + 2 > n_ctx_seq) invariant = 0;
     const int32_t span = invariant && live ? hi - lo + 1 : live; /* rows in the target's pass, placeholders included */
-    if (span * per_row > a->capacity || (k > 0 && first > a->capacity)) return TOO_MANY_TOKENS;
+    if (span * per_row > a->capacity || (run_draft && first > a->capacity)) return TOO_MANY_TOKENS;
 
-    if (given) memcpy(proposals, given, (size_t)rows * k * sizeof *proposals);
-    /* Draft: each row's pending tokens (logits at the last), then k - 1 single tokens. */
-    for (int32_t i = 0; draft && i < k; i++) {
+    for (int32_t b = 0; b < rows; b++)
+        if (takes[b] && k > 0) memcpy(proposals + b * k, given + b * k, (size_t)k * sizeof *proposals);
+    /* Draft: each row's pending tokens (logits at the last), then k - 1 single tokens (a given row's: its given). */
+    for (int32_t i = 0; run_draft && i < k; i++) {
         draft_batch->n_tokens = 0;
         for (int32_t b = 0; b < rows; b++) {
             if (!active[b]) continue;
             if (i == 0)
                 for (int32_t j = 0; j < draft_count[b]; j++)
-                    put(draft_batch, draft_pending[b * width + j], draft_length[b] + j, b, j == draft_count[b] - 1);
+                    put(draft_batch, draft_pending[b * width + j], draft_length[b] + j, b,
+                        j == draft_count[b] - 1 && !takes[b]);
             else
-                put(draft_batch, proposals[b * k + i - 1], draft_length[b] + draft_count[b] + i - 1, b, 1);
+                put(draft_batch, proposals[b * k + i - 1], draft_length[b] + draft_count[b] + i - 1, b, !takes[b]);
         }
         if ((status = decode(draft, draft_batch, &seconds[0])) != 0) return -1000 - status;
         int32_t confident = 0, index = -1; /* index: row b's place in the batch */
         for (int32_t b = 0; b < rows; b++) {
             if (!active[b]) continue;
-            float top = 1.0f;
             index += i == 0 ? draft_count[b] : 1;
+            if (takes[b]) continue; /* it reads its given tokens */
+            float top = 1.0f;
             const float *logits = llama_get_logits_ith(draft, index);
             if (sampling[b].temperature > 0.0f) {
                 const size_t at = (size_t)b * k + i;
@@ -718,9 +733,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
         struct proposal drawn[drafted + 1];
         const int row_sampled = sampling[b].temperature > 0.0f;
-        for (int32_t i = 0; row_sampled && !given && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
-        const struct row r = {logits, proposals + b * k, drawn, drafted, given != 0, rng + b, 0, output + b * (k + 1),
-                              a->beta + b * k, grid.size && !given ? a->grid + (size_t)b * k * grid.size : 0};
+        for (int32_t i = 0; row_sampled && !takes[b] && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);
+        const struct row r = {logits, proposals + b * k, drawn, drafted, takes[b], rng + b, 0, output + b * (k + 1),
+                              a->beta + b * k, grid.size && !takes[b] ? a->grid + (size_t)b * k * grid.size : 0};
         const int32_t n = rule(&r, vocab, &sampling[b], row_sampled ? grid : (struct grid){0, 0}, &w);
         const int32_t token = output[b * (k + 1) + n];
         num_accepted[b] = n;
@@ -728,8 +743,8 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         target_pending[b] = token;
         llama_memory_seq_rm(target_memory, b, target_length[b], -1);
         if (!draft) continue; /* plain decoding: no draft to keep up to date */
-        if (drafted == 0) { /* nothing read: the token waits with the others */
-            draft_pending[b * width + draft_count[b]++] = token;
+        if (!run_draft) { /* nothing read: what was committed waits with the others */
+            for (int32_t i = 0; i <= n; i++) draft_pending[b * width + draft_count[b]++] = output[b * (k + 1) + i];
             continue;
         }
         /* The draft read its pending tokens and x_1..x_{drafted-1}; valid are those and x_1..x_n. */

@@ -12,8 +12,8 @@ dozen Python and torch steps of an iteration cost a sizeable share of a pass the
 included, each row its own), the draft proposing from q sharpened by each row's proposal
 temperature (proposal.py), with its own random stream. The Python path stays the reference:
 tests compare the two token for token at T = 0, the rule alone on random inputs at T > 0, and
-the exactness suite runs the compiled step at T > 0. Knows nothing of drafters but `is_lookup` and the
-`DraftSource` protocol below, nor of text.
+the exactness suite runs the compiled step at T > 0. Knows nothing of drafters but `is_lookup`, the
+`DraftSource` protocol below and a combined draft's `choose` / `commit_lookup` (drafters/combined.py), nor of text.
 """
 
 from __future__ import annotations
@@ -54,9 +54,16 @@ class DraftSource(Protocol):
     Read once, at the start; from then on the step owns that state. A lookup (prompt lookup,
     suffix drafting: a drafter with `confident` and no `own_model`) is not one: it proposes
     before each call, as on the Python path (`propose`, then `commit`), and the call verifies
-    its tokens (`given`: q one-hot, the coupled form)."""
+    its tokens (`given`: q one-hot, the coupled form). A combined draft (`choose`, `commit_lookup`; its model
+    drafter kept as `drafter`) does both: per call, the rows it names take the lookup's tokens (`given_rows`)
+    and the model drafts for the others."""
 
     def own_model(self) -> DraftModel | None: ...
+
+
+def _is_combined(drafter) -> bool:
+    """A combined draft (drafters/combined.py): a lookup and a model drafter, chosen per row."""
+    return hasattr(drafter, "choose") and hasattr(drafter, "commit_lookup")
 
 
 def _capacity(cache: LlamaCppCache, draft: DraftModel | None) -> int:
@@ -116,7 +123,11 @@ class CompiledStep:
         self.sampled = np.zeros(slots, bool)  # each slot's temperature > 0 (its settings, read from Python)
         self.proposals = np.zeros(slots * max(k_max, 1), np.int32)
         self.lookup = draft is None and is_lookup(drafter)  # the drafter proposes before each call
+        self.combined = draft is not None and _is_combined(drafter)  # per call, per row: the lookup's or the model's
         self.given = np.zeros(slots * max(k_max, 1), np.int32)  # [S, k] a lookup's proposals, slot by slot
+        self.given_rows = np.zeros(slots, np.uint8)  # a combined draft's: the slots that take them this call
+        self._took: list[bool] = []  # a combined draft's: the rows that took the lookup's tokens at the last call
+        self._proposed: torch.Tensor | None = None  # [B, k'] the last call's proposals (a combined draft)
         self.output = np.zeros(slots * (k_max + 1), np.int32)
         self.num_accepted = np.zeros(slots, np.int32)
         self.first_at = np.full(slots, -1, np.int32)
@@ -170,7 +181,8 @@ class CompiledStep:
             index=self.index.ctypes.data,
             tell_q=0,
             first_at=self.first_at.ctypes.data,
-            given=self.given.ctypes.data if self.lookup else None,
+            given=self.given.ctypes.data if self.lookup or self.combined else None,
+            given_rows=self.given_rows.ctypes.data if self.combined else None,
         )
 
     @classmethod
@@ -184,7 +196,8 @@ class CompiledStep:
             return None  # top-p alone sorts the vocabulary at every position: torch's sort is faster
         draft = None
         if drafter is not None and not is_lookup(drafter):
-            draft = drafter.own_model() if hasattr(drafter, "own_model") else None
+            source = drafter.drafter if _is_combined(drafter) else drafter
+            draft = source.own_model() if hasattr(source, "own_model") else None
             if draft is None or not isinstance(draft.cache, LlamaCppCache) or draft.model.vocab_size != vocab:
                 return None
             if draft.cache.seqs != cache.seqs or draft.cache.context.n_seq != cache.context.n_seq:
@@ -212,7 +225,7 @@ class CompiledStep:
         unread tokens (a joined prompt's body is read at the next drafting step: `read_joined`)."""
         if self.draft is not None and self.draft_cache.seqs != self.cache.seqs:
             raise RuntimeError("the draft's and the target's caches hold different sequences")
-        own = self.drafter.own_model() if self.draft is not None else None
+        own = (self.drafter.drafter if self.combined else self.drafter).own_model() if self.draft is not None else None
         lengths, keys = self.cache.host_lengths, self.sampling.streams.keys
         for row, token in zip(rows, pending):
             seq, params = self.cache.seqs[row], self.sampling.params[row]
@@ -257,6 +270,13 @@ class CompiledStep:
             if k:
                 self.given[: len(self.active) * k].reshape(-1, k)[seqs] = tokens.numpy()
             looked_up = time.perf_counter() - started
+        elif self.combined:  # per row, the lookup's tokens or the model's proposals (at k = 0: neither)
+            tokens, self._took, alone = self.drafter.choose(k)  # [B, k] ([B, k'] alone), [B], bool
+            self.given_rows[seqs] = self._took
+            if tokens is not None:
+                k = tokens.shape[1]
+                self.given[: len(self.active) * k].reshape(-1, k)[seqs] = tokens.numpy()
+            looked_up = time.perf_counter() - started
         made = self._call(k)
         if made == _TOO_MANY_TOKENS and self.draft is not None:  # the draft's pending tokens do not fit in one batch
             self._read_pending([int(s) for s in seqs])
@@ -279,6 +299,9 @@ class CompiledStep:
         tokens = [row[: n + 1] for row, n in zip(rows, accepted)]
         betas = self.beta[: len(self.active) * k].reshape(-1, k)[seqs].tolist() if k else [[] for _ in accepted]
         beta = [row[: min(n + 1, made)] for row, n in zip(betas, accepted)]  # the verified positions
+        if self.combined:  # [B, made]
+            proposed = self.proposals[: len(self.active) * k].reshape(-1, k)[seqs, :made] if k else seqs[:, None][:, :0]
+            self._proposed = torch.from_numpy(proposed.astype(np.int64))
         if len(self.grid_taus) and made > 0:
             self._observe(seqs, k, made)
         found = self._logprobs(seqs, tokens, logprobs) if logprobs else {}
@@ -287,7 +310,7 @@ class CompiledStep:
     def _observe(self, seqs: np.ndarray, k: int, made: int) -> None:
         """The proposal's estimates take the grid at this call's verified positions of the sampled rows."""
         size = len(self.grid_taus)
-        sampled = self.sampled[seqs]
+        sampled = self.sampled[seqs] & (self.given_rows[seqs] == 0)  # a given row verified one-hot q's
         if not sampled.any():
             return
         grid = self.grid[: len(self.active) * k * size].reshape(-1, k, size)[seqs, :made]  # [B, made, G], a copy
@@ -315,9 +338,11 @@ class CompiledStep:
 
     def commit(self, accepted: list[int], pending: torch.Tensor, live: list[bool]) -> None:
         """`run` rolled both caches back and keeps the pending tokens itself; a lookup learns what
-        each row committed (as on the Python path)."""
+        each row committed (as on the Python path), and a combined draft what the last call proposed."""
         if self.lookup:
             self.drafter.commit(accepted, pending, live)
+        elif self.combined:
+            self.drafter.commit_lookup(self._proposed, self._took, accepted, pending, live)
 
     def tell_q(self) -> None:
         """From now on the rule is told q whatever tau drew the proposals: inexact where tau < 1 (the
