@@ -11,22 +11,24 @@ sequence[:t], and where no n-gram matches it proposes nothing (the engine's plai
 drafting replays itself along each sequence (`replay`) and may propose fewer than k tokens: beta
 is 0 past its proposal, where the engine would not have drafted.
 
-S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i proposals
-with probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at t + i + 1. The
-expected cost of covering the continuation (k*c + r(k+1) per drafting pass, r(1) per plain one, from
-the profiler) is summed backwards from its end, and S(k) = tokens / cost. Costs are in passes of
-verispec's plain decoding, the baseline `bench` compares with: on llama.cpp that is the compiled
-step (`profile_passes`), which also times a draft it runs; a model-free drafter is timed on the step
-it runs (the compiled one, its lookup before each call) with its lookup and the rule in r(n) (the
-same `profile_passes`, proposing at every pass); other drafters `profile_costs`' Python-path passes.
-Their r(1) is then above 1. `profile_passes` samples as the plan's settings (at T > 0 a pass also
-processes the vocabulary and runs the rule on it). Greedy (beta in {0, 1}) makes it the engine's own
-count of passes on that continuation. A combined draft's gate depends on each row's history, so its passes
-are walked forward instead (`combined_cost`: exact under greedy, a mean of seeded walks otherwise). Blocks
-start where the last one stopped, after a rejection more often than at a random position, which a mean
-of beta over every position misses (it overstates prompt lookup). The per-position alpha_i that `plan`
-reports are that mean (block acceptance products over every start where the drafter proposes, and their
-ratios), for reading; the prediction and the recommendation come from the replay."""
+S(k) replays the engine's blocks over the continuation: from t, a block accepts exactly i proposals with
+probability prod_{j<i} beta[t, j] * (1 - beta[t, i]) and the next starts at t + i + 1. The expected cost of
+covering the continuation (k*c + r(k+1) per drafting pass, r(1) per plain one, from the profiler) is summed
+backwards from its end, and S(k) = tokens / cost. Costs are in passes of verispec's plain decoding, the
+baseline `bench` compares with: on llama.cpp that is the compiled step (`profile_passes`), which also times a
+draft it runs, its k = 0 passes (plain passes) interleaved with the others in one calibration, so that the
+machine's drift lands on the unit and the costs alike; a model-free drafter is timed on the step it runs (the
+compiled one, its lookup before each call) with its lookup and the rule in r(n) (the same `profile_passes`,
+proposing at every pass); a combined draft as its model (its lookup's own time not counted); other drafters
+`profile_costs`' Python-path passes, over a compiled plain pass timed apart. Their r(1) is then above 1.
+`profile_passes` samples as the plan's settings (at T > 0 a pass also processes the vocabulary and runs the
+rule on it). Greedy (beta in {0, 1}) makes it the engine's own count of passes on that continuation. A
+combined draft's gate depends on each row's history, so its passes are walked forward instead
+(`combined_cost`: exact under greedy, a mean of seeded walks otherwise). Blocks start where the last one
+stopped, after a rejection more often than at a random position, which a mean of beta over every position
+misses (it overstates prompt lookup). The per-position alpha_i that `plan` reports are that mean (block
+acceptance products over every start where the drafter proposes, and their ratios), for reading; the
+prediction and the recommendation come from the replay."""
 
 from __future__ import annotations
 
@@ -321,7 +323,7 @@ def plan(
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     # S(k) is over verispec's plain decoding, as bench's: on llama.cpp a plain pass runs the compiled step
     compiled = getattr(target, "compiled_step", None) is not None
-    plain_s = profile_passes(target, None, 0, context, repeats=7, sampling=params).target_s[0] if compiled else None
+    plain: list[float] = []  # the compiled plain pass, timed once where a candidate runs the Python path
     for number, (name, draft) in enumerate(drafts.items(), 1):
         say(f"draft {number}/{len(drafts)} ({name}): acceptance along the continuations, then its costs")
         starts = [len(p) for p in prompts]
@@ -335,11 +337,15 @@ def plan(
         lengths = proposal.pop("lengths", [None] * len(blocks))  # a model-free drafter's proposal lengths
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
-        if (hasattr(draft, "own_model") or hasattr(draft, "confident")) and compiled:
-            profile = profile_passes(target, draft, k_max, context, sampling=params)  # timed as generate runs it
+        timed = draft.drafter if isinstance(draft, CombinedDrafter) else draft  # a combined draft: its model's
+        on_step = compiled and (hasattr(timed, "own_model") or hasattr(timed, "confident"))
+        if on_step:  # timed as generate runs it; its k = 0 passes are plain passes, interleaved with the others
+            profile = profile_passes(target, timed, k_max, context, sampling=params)
         else:
             profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
-        unit = plain_s or profile.target_s[0]  # costs in plain passes
+            if compiled and not plain:  # the Python path's passes, over the compiled step's plain pass
+                plain.append(profile_passes(target, None, 0, context, repeats=7, sampling=params).target_s[0])
+        unit = plain[0] if compiled and not on_step else profile.target_s[0]  # costs in plain passes
         c = (profile.draft_s or 0.0) / unit  # no draft model (prompt lookup): 0
         # a pass over more positions is never cheaper (timing noise)
         r = list(itertools.accumulate((t / unit for t in profile.target_s), max))
