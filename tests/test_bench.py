@@ -637,3 +637,21 @@ def test_llama_cpp_ngram_drafters_run_and_match_plain_greedy_text(tmp_path, caps
     assert all(r["identical_to_llamacpp_plain"] for r in runs.values())
     assert max(r["vs_llamacpp_ngram_best"] for r in runs.values() if "draft_length_sweep" in r) == 1.0
     assert "vs n-gram best" in capsys.readouterr().out
+
+
+def test_a_combined_drafts_forward_walk_is_the_replay_where_its_lookup_never_proposes():
+    """At T > 0 `combined_cost` averages seeded walks of the passes: where the lookup never proposes, every pass is the
+    model's and the mean of many walks must match `replay_cost`'s exact expectation (1.5% is over 7 standard errors
+    here); where the lookup proposes everywhere and is always right, it drafts alone: no draft cost, r(k + 1) a pass."""
+    import torch
+
+    from verispec.analysis.plan import CombinedRow, combined_cost, replay_cost
+
+    generator = torch.Generator().manual_seed(0)
+    length, k, c, r = 60, 3, 0.2, [1.0, 1.1, 1.2, 1.3]
+    model = torch.rand(length, k, generator=generator, dtype=torch.float64) * 0.8 + 0.1  # [T, k] in (0.1, 0.9)
+    never = CombinedRow(torch.zeros_like(model), model, torch.zeros(length, dtype=torch.bool), torch.zeros(length))
+    expected = replay_cost(model, torch.ones(length, dtype=torch.bool), k, c, r)
+    assert combined_cost(never, k, c, r, draws=4000) == pytest.approx(expected, rel=0.015)
+    always = CombinedRow(torch.ones_like(model), model, torch.ones(length, dtype=torch.bool), torch.full((length,), k))
+    assert combined_cost(always, k, c, r) == pytest.approx(r[k] * length / (k + 1))  # k + 1 tokens a pass
