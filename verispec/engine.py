@@ -28,7 +28,7 @@ import torch
 from .config import SamplingParams
 from .drafters.base import Drafter
 from .models.rows import extend_rows, prefill_rows
-from .policy import DraftLengthPolicy, FixedLength
+from .policy import DraftLengthPolicy, FixedLength, split_for
 from .sampling import RowSampling
 from .stats import RequestStats, SpecStats
 from .step import Iteration, PythonStep, Step, sync
@@ -122,6 +122,7 @@ class Batch:
         policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
         if drafter is None:
             policy = FixedLength(0)
+        policy = split_for(policy, drafter)  # a combined draft under auto: an arm per kind of pass
         empty = (
             capacity is not None
             and isinstance(prompts, Sequence)

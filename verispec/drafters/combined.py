@@ -80,6 +80,8 @@ class CombinedDrafter:
         self._live: list[bool] = []  # per row: still generating (rows that finished in a fixed batch are not)
         self._candidates: list[int | None] = []  # per row: the lookup's first token this pass (None: none)
         self.gate = LookupGate()
+        self.alone_k: int | None = None  # how far a pass by lookup alone may go (None: the pass's k; policy/split.py)
+        self.kind = "plain"  # the last pass: "plain", "lookup" (by lookup alone) or "model" (the model proposed)
 
     def clear_corpus(self) -> None:
         """Forget earlier requests: the lookup's corpus, where it keeps one (suffix drafting)."""
@@ -99,6 +101,7 @@ class CombinedDrafter:
         self._live = [True] * len(prompts)
         self.gate = LookupGate()
         self.gate.add_rows(len(prompts))
+        self.alone_k, self.kind = None, "plain"  # a new batch: its policy sets alone_k, if it is a SplitLength
 
     @property
     def can_change_rows(self) -> bool:
@@ -135,26 +138,38 @@ class CombinedDrafter:
     # ---- a pass
 
     def choose(self, k: int) -> tuple[torch.Tensor | None, list[bool], bool]:
-        """This pass's lookup: its tokens [B, k'] (None at k = 0), per row whether the pass takes them, and whether
-        every running row does (the pass drafts by lookup alone: k' is then its longest proposal, else k)."""
+        """This pass's lookup: its tokens [B, k'] (None: a plain pass), per row whether the pass takes them, and
+        whether every running row does (the pass drafts by lookup alone, as far as its longest proposal and
+        `alone_k` go, whatever k is; `alone_k` 0: a plain pass instead). Otherwise the model proposes k (0: a
+        plain pass) and the rows that take the lookup's tokens have them cut to k. Sets `kind`."""
         batch, live = len(self._live), self._live
-        if k == 0:
-            self._candidates = [None] * batch
+        alone_k = k if self.alone_k is None else self.alone_k
+        reach = max(k, alone_k)
+        self._candidates, self.kind = [None] * batch, "plain"
+        if reach == 0:
             return None, [False] * batch, False
-        tokens, lengths = self.lookup.confident(k)  # [B, k], [B]
+        tokens, lengths = self.lookup.confident(reach)  # [B, reach], [B]
         firsts = tokens[:, 0].tolist()
         self._candidates = [first if n > 0 and on else None for first, n, on in zip(firsts, lengths, live)]
         took = [c is not None and self.gate.prefers_lookup(row) for row, c in enumerate(self._candidates)]
-        alone = any(live) and all(t for t, on in zip(took, live) if on)
-        if alone:
-            return tokens[:, : max(lengths)], [True] * batch, True
-        return tokens, took, False
+        if any(live) and all(t for t, on in zip(took, live) if on):  # by lookup alone
+            width = min(max(lengths), alone_k)
+            if width == 0:
+                return None, [False] * batch, False
+            self.kind = "lookup"
+            return tokens[:, :width], [True] * batch, True
+        if k == 0:
+            return None, [False] * batch, False
+        self.kind = "model"
+        return tokens[:, :k], took, False
 
     @torch.no_grad()
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
         """draft_token_ids [B, k'] and draft_probs [B, k', V] or None (drafters/base.py)."""
-        tokens, took, alone = self.choose(k)  # [B, k] or [B, k'], [B]
+        tokens, took, alone = self.choose(k)  # [B, k] or [B, k'] or None, [B]
         self._model_ran = not alone
+        if tokens is None:  # a plain pass: the model reads nothing new
+            k = 0
         if alone:
             self._proposal, self._took_lookup = tokens, took
             self.lookup_passes += 1

@@ -273,8 +273,8 @@ class CompiledStep:
         elif self.combined:  # per row, the lookup's tokens or the model's proposals (at k = 0: neither)
             tokens, self._took, alone = self.drafter.choose(k)  # [B, k] ([B, k'] alone), [B], bool
             self.given_rows[seqs] = self._took
-            if tokens is not None:
-                k = tokens.shape[1]
+            k = tokens.shape[1] if tokens is not None else 0
+            if k:
                 self.given[: len(self.active) * k].reshape(-1, k)[seqs] = tokens.numpy()
             looked_up = time.perf_counter() - started
         made = self._call(k)

@@ -93,6 +93,7 @@ class AdaptiveLength:
         self._joined = [0.0, 0]  # their sums
         self.passes = 0
         self._shapes: set[tuple[int, int]] = set()  # (batch, k) whose first pass went by
+        self._lookup: AdaptiveLength | None = None  # a combined draft's passes by lookup alone (`lookup_arm`)
 
     # ---- estimates
 
@@ -216,6 +217,15 @@ class AdaptiveLength:
             texts = {0: betas[:committed] + [None] * (committed - len(betas[:committed]))}
         if texts is not None:
             self.text.add(self.passes, texts, self.continues(batch))
+
+    def lookup_arm(self) -> AdaptiveLength:
+        """The policy of a combined draft's passes by lookup alone (policy/split.py), made once: this policy's
+        k_max, settings, profile of the target and calibration of its passes, and no draft time."""
+        if self._lookup is None:
+            self._lookup = AdaptiveLength(self.k_max, 0.0, self.prior_r, self.prior_batch, self.settings)
+            if self.shape.target:
+                self._lookup.seed_costs(dict(self.shape.target), {})
+        return self._lookup
 
     def seed_costs(self, target: dict[int, float], draft: dict[tuple[int, int], float]) -> None:
         """A calibration (profile.calibrate): t_target by the positions of a pass, t_draft by (batch, k).

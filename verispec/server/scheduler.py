@@ -22,7 +22,7 @@ import torch
 from ..analysis.profile import batch_sizes, calibrate
 from ..config import SamplingParams
 from ..engine import Batch, Staged
-from ..policy import AdaptiveLength, DraftLengthPolicy
+from ..policy import AdaptiveLength, DraftLengthPolicy, SplitLength
 from ..stats import RequestStats
 
 
@@ -104,7 +104,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
         self._ready = threading.Event()  # set once the loop's thread has calibrated (or failed)
-        self.calibrate = calibrate and isinstance(self.batch.policy, AdaptiveLength)
+        self.calibrate = calibrate and isinstance(self.batch.policy, (AdaptiveLength, SplitLength))
         self.calibration_s: float | None = None  # seconds the calibration took, once done
 
     # ---- called from other threads
