@@ -64,8 +64,8 @@ class _DeclaresModelQ(CombinedDrafter):
 
 
 class _KeepsQ(ModelDrafter):
-    def propose(self, k, sampling):
-        proposal, probs = super().propose(k, sampling)
+    def propose(self, k, sampling, counted=None):
+        proposal, probs = super().propose(k, sampling, counted)
         self._declared = probs
         return proposal, probs
 

@@ -154,11 +154,13 @@ def test_a_lookup_runs_on_the_compiled_step_and_commits_plain_decodings_tokens(p
     assert other != plain
 
 
-def test_a_combined_draft_runs_on_the_compiled_step_and_commits_the_python_paths_tokens(pair):
+@pytest.mark.parametrize("threshold", [0.0, 0.6])
+def test_a_combined_draft_runs_on_the_compiled_step_and_commits_the_python_paths_tokens(pair, threshold):
     """Suffix drafting and the draft model as one: per call the rows the combined draft names verify the lookup's
     tokens and the draft proposes for the others; a call where every row takes the lookup's runs no draft (its
     pending tokens pile up). Greedy: the Python path's tokens and acceptance, in a batch of one (passes by lookup
-    alone and by the model) and of three (mixed passes), with k = 0 steps between."""
+    alone and by the model) and of three (mixed passes), with k = 0 steps between; with a confidence threshold the
+    draft stops where every row it proposes for is below it (rows taking the lookup's tokens do not count)."""
     from verispec.drafters.combined import CombinedDrafter
     from verispec.drafters.suffix import SuffixDrafter
 
@@ -168,7 +170,7 @@ def test_a_combined_draft_runs_on_the_compiled_step_and_commits_the_python_paths
     for batch in batches:
         runs = []
         for python in (False, True):
-            steps, stats, drafter = [], SpecStats(), CombinedDrafter(SuffixDrafter(), ModelDrafter(draft))
+            steps, stats, drafter = [], SpecStats(), CombinedDrafter(SuffixDrafter(), ModelDrafter(draft, threshold))
             maybe = (lambda *args: None) if python else llamacpp_step.CompiledStep.maybe
             target.compiled_step = lambda *args: steps.append(maybe(target, *args)) or steps[-1]
             try:

@@ -5,8 +5,8 @@ Per pass and per row (`choose`): a row takes the lookup's tokens where the looku
 the tokens and, per row, how many of them the lookup stands behind) and its gate (`LookupGate`) says the lookup's first
 tokens have been accepted at least as often as the model's. When every running row takes them the pass drafts by lookup
 alone and the model does not run (its pending tokens pile up, as on a plain pass, and are read at its next proposal).
-Otherwise the model proposes for every row, and each row that takes the lookup's tokens has them instead, cut or padded
-to the model's width.
+Otherwise the model proposes for every row (its confidence stop counting only the rows that take its tokens), and each
+row that takes the lookup's tokens has them instead, cut or padded to the model's width.
 
 Exactness: a lookup's tokens are deterministic, so their q is one-hot. A pass by lookup alone declares
 `draft_probs = None`, as the lookup does; a mixed pass declares the model's q where a row took the model's
@@ -176,7 +176,8 @@ class CombinedDrafter:
             self.drafter.propose(0, sampling)  # no model pass: its pending tokens wait
             self.lookup.take(self._proposal)
             return self._proposal, None
-        proposal, probs = self.drafter.propose(k, sampling)  # [B, k'], [B, k', V] or None
+        counted = torch.tensor([not t for t in took], dtype=torch.bool)  # the confidence stop: the model's rows
+        proposal, probs = self.drafter.propose(k, sampling, counted)  # [B, k'], [B, k', V] or None
         width = proposal.shape[1]
         self._took_lookup = [t and width > 0 for t in took]
         if any(self._took_lookup):

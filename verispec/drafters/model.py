@@ -160,13 +160,18 @@ class ModelDrafter:
             self.pending_count = [1] * len(self._prompts)
 
     @torch.no_grad()
-    def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(
+        self, k: int, sampling: RowSampling, counted: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """drafters/base.py's; counted [B] bool: the rows whose confidence decides the stop (default: every live
+        row; a combined draft leaves out the rows that take the lookup's tokens, as the compiled step does)."""
         assert self.cache is not None, "start() first"
         batch = self.cache.batch_size
         self._k, self._base_probs = k, None
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         self.read_joined()
+        live = self._live if counted is None else self._live & counted.to(self._live.device)  # [B]
         self._start_lengths = self.cache.host_lengths
         width = max(self.pending_count)
         if sampling.greedy and hasattr(
@@ -178,7 +183,7 @@ class ModelDrafter:
                 k,
                 self.cache,
                 self.confidence_threshold,
-                self._live.numpy(),
+                live.numpy(),
             )  # [B, k]
             self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
             return draft_token_ids, None
@@ -208,8 +213,8 @@ class ModelDrafter:
                     base.append(q[:, 0])
                 top = q[:, 0].amax(dim=-1) if self.confidence_threshold else None
             if top is not None and bool(
-                (top[self._live] < self.confidence_threshold).all()
-            ):  # rows that are done do not count
+                (top[live] < self.confidence_threshold).all()
+            ):  # rows that are done (or not counted) do not count
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
         self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
