@@ -171,7 +171,6 @@ class ModelDrafter:
         if k == 0:  # no pass at all: the pending tokens wait for the next proposal
             return self.pending.new_zeros(batch, 0), torch.zeros(batch, 0, self.vocab_size, device=self.pending.device)
         self.read_joined()
-        live = self._live if counted is None else self._live & counted.to(self._live.device)  # [B]
         self._start_lengths = self.cache.host_lengths
         width = max(self.pending_count)
         if sampling.greedy and hasattr(
@@ -183,7 +182,7 @@ class ModelDrafter:
                 k,
                 self.cache,
                 self.confidence_threshold,
-                live.numpy(),
+                self._stop_rows(counted).numpy(),
             )  # [B, k]
             self._last_proposal, self._k = draft_token_ids[:, -1], draft_token_ids.shape[1]
             return draft_token_ids, None
@@ -213,7 +212,7 @@ class ModelDrafter:
                     base.append(q[:, 0])
                 top = q[:, 0].amax(dim=-1) if self.confidence_threshold else None
             if top is not None and bool(
-                (top[live] < self.confidence_threshold).all()
+                (top[self._stop_rows(counted)] < self.confidence_threshold).all()
             ):  # rows that are done (or not counted) do not count
                 break
         draft_token_ids = torch.stack(token_ids, dim=1)  # [B, k'], k' <= k
@@ -221,6 +220,10 @@ class ModelDrafter:
         self._base_probs = torch.stack(base, dim=1) if base and self.proposal.auto else None  # [B, k', V]
         # every row greedy or invariant: q is one-hot at each proposal, which is what draft_probs = None declares
         return draft_token_ids, (torch.stack(probs, dim=1) if probs else None)  # [B, k', V]
+
+    def _stop_rows(self, counted: torch.Tensor | None) -> torch.Tensor:
+        """[B] bool: the rows whose confidence decides the stop (the live ones, of those counted)."""
+        return self._live if counted is None else self._live & counted.to(self._live.device)
 
     def _taus(self, sampling: RowSampling) -> torch.Tensor | None:
         """[B] the proposal temperature of each row: its chosen tau where the rejection rule samples it,
