@@ -76,12 +76,16 @@ class CombinedDrafter:
         self.lookup_passes = self.mixed_passes = 0  # for reports: how the passes drafted
         self._proposal: torch.Tensor | None = None  # [B, k'] what this pass proposed
         self._took_lookup: list[bool] = []  # per row: this pass proposed the lookup's tokens
-        self._model_ran = False  # whether the model proposed on this pass
         self._live: list[bool] = []  # per row: still generating (rows that finished in a fixed batch are not)
         self._candidates: list[int | None] = []  # per row: the lookup's first token this pass (None: none)
         self.gate = LookupGate()
         self.alone_k: int | None = None  # how far a pass by lookup alone may go (None: the pass's k; policy/split.py)
         self.kind = "plain"  # the last pass: "plain", "lookup" (by lookup alone) or "model" (the model proposed)
+
+    @property
+    def _model_ran(self) -> bool:
+        """Whether the model ran on the last pass (every pass but one by lookup alone; `choose` set `kind`)."""
+        return self.kind != "lookup"
 
     def clear_corpus(self) -> None:
         """Forget earlier requests: the lookup's corpus, where it keeps one (suffix drafting)."""
@@ -167,7 +171,6 @@ class CombinedDrafter:
     def propose(self, k: int, sampling: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
         """draft_token_ids [B, k'] and draft_probs [B, k', V] or None (drafters/base.py)."""
         tokens, took, alone = self.choose(k)  # [B, k] or [B, k'] or None, [B]
-        self._model_ran = not alone
         if tokens is None:  # a plain pass: the model reads nothing new
             k = 0
         if alone:
@@ -220,7 +223,6 @@ class CombinedDrafter:
         lookup's tokens where `took`, as `choose` said), and row b committed num_accepted[b] of them, then
         next_token_ids[b] [B]. The lookup and the gate learn it."""
         self._proposal, self._took_lookup = proposal, took
-        self._model_ran = not all(t for t, on in zip(took, self._live) if on)
         if not self._model_ran:
             self.lookup_passes += 1
         elif any(t and on for t, on in zip(took, self._live)):
