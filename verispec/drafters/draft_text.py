@@ -5,7 +5,9 @@ After each commit only a tail is re-encoded: the text after an anchor, a point w
 token and a draft token end at the same byte at least `MARGIN` bytes before the end, so that
 the encoding before it no longer changes as text is added. Target special tokens are kept as
 the draft's special token of the same text (`to_draft`), or left out (they stand for no text).
-Bytes that end in an incomplete UTF-8 character wait for the rest. Where the re-encoded ids do
+Bytes that end in an incomplete UTF-8 character wait for the rest. The draft's context starts
+with the draft's own BOS where its tokenizer puts one before a prompt (the target's BOS is left
+out). Where the re-encoded ids do
 not spell the text byte for byte (a normaliser, invalid UTF-8), the anchor moves to the end:
 what follows is encoded on its own. All of it only changes what the draft conditions on, so its
 acceptance, never exactness. Knows nothing of models, caches or sampling.
@@ -24,8 +26,10 @@ class DraftText:
     def __init__(self, target: TokenText, draft: TokenText, to_draft: list[int], prompt: list[int]):
         self.target, self.draft, self.to_draft = target, draft, to_draft
         self.history: list[int] = []
-        self.ids: list[int] = []
-        self._anchor = (0, 0)  # (target index, draft index): ids[:d] spell history[:t] and stay
+        # the draft's own BOS starts its context where its tokenizer adds one; the target's BOS is not text
+        self.ids: list[int] = [] if draft.bos is None else [draft.bos]
+        skip = int(bool(prompt) and target.bos is not None and prompt[0] == target.bos)
+        self._anchor = (skip, len(self.ids))  # (target index, draft index): ids[:d] spell history[:t] and stay
         self.held = 0  # bytes at the end of the text that `ids` do not spell yet (an incomplete character)
         self.extend(prompt)
 

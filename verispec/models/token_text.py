@@ -27,11 +27,13 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 class TokenText:
     """A tokenizer as byte strings. `pieces[i]`: the bytes id i decodes to (None: no text, e.g. a
     placeholder id); `special`: the ids of special tokens (their piece is their text);
-    `encode(text) -> ids` (nothing added: no BOS)."""
+    `encode(text) -> ids` (nothing added: no BOS); `bos`: the id the tokenizer puts before a
+    prompt, or None where it adds none."""
 
     pieces: tuple[bytes | None, ...]
     special: frozenset[int]
     encode: Callable[[str], list[int]]
+    bos: int | None = None
 
     def __len__(self) -> int:
         return len(self.pieces)
@@ -73,6 +75,16 @@ def _pieces(vocab: dict[str, int], special: set[str], plain: set[str], kind: str
     return tuple(pieces), frozenset(vocab[t] for t in special if vocab.get(t, size) < size)
 
 
+def prompt_bos(tokenizer) -> int | None:
+    """The id a tokenizer puts before a prompt (`encode(text)` with special tokens: a GGUF's
+    `add_bos_token`, a tokenizer.json's post-processor), or None where it adds none."""
+    try:
+        plain, full = tokenizer.encode("a", add_special_tokens=False).ids, tokenizer.encode("a").ids
+    except TypeError:  # an encode that adds nothing and takes no such argument
+        return None
+    return full[0] if len(full) > len(plain) and list(full[len(full) - len(plain) :]) == list(plain) else None
+
+
 def text_of_hf(tokenizer, size: int | None = None) -> TokenText:
     """TokenText of a `tokenizers.Tokenizer` (ids up to `size`, default its vocabulary)."""
     spec = json.loads(tokenizer.to_str())
@@ -88,7 +100,7 @@ def text_of_hf(tokenizer, size: int | None = None) -> TokenText:
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
-    return TokenText(pieces, special_ids, encode)
+    return TokenText(pieces, special_ids, encode, prompt_bos(tokenizer))
 
 
 def text_of_gguf(path: str | Path, tokenizer, size: int) -> TokenText:
@@ -102,7 +114,11 @@ def text_of_gguf(path: str | Path, tokenizer, size: int) -> TokenText:
     model = GGUFReader(str(path)).fields.get("tokenizer.ggml.model")
     kind = "sentencepiece" if model is not None and model.contents() == "llama" else "byte-level"
     pieces, special_ids = _pieces(vocab, special, set(), kind, size)
-    return TokenText(pieces, special_ids, lambda text: list(tokenizer.encode(text).ids))
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    return TokenText(pieces, special_ids, encode, prompt_bos(tokenizer))
 
 
 def token_text_of(path: str | Path, model=None) -> TokenText | None:

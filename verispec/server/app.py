@@ -28,7 +28,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .chat import check_messages, render
+from ..models.token_text import prompt_bos
+from .chat import check_messages, render, without_added_bos
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     BadRequest,
@@ -121,6 +122,8 @@ def create_app(
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text).ids
+
+    bos = prompt_bos(tokenizer)
 
     def refuse(
         message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"
@@ -280,7 +283,8 @@ def create_app(
             }
             if body.get("max_completion_tokens") is not None:
                 completion["max_tokens"] = body["max_completion_tokens"]
-            completion["prompt"] = render(chat_template[0], chat_template[1], messages)
+            rendered = render(chat_template[0], chat_template[1], messages)
+            completion["prompt"] = without_added_bos(rendered, chat_template[1], bos)
             request = parse_completion(
                 completion,
                 model_name=model_name,

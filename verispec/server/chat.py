@@ -29,7 +29,7 @@ def load_chat_template(path: str | Path) -> tuple[str, dict] | None:
             field = reader.fields.get("tokenizer.chat_template")
             if field is None:
                 return None
-            return bytes(field.parts[field.data[0]]).decode("utf-8"), {}
+            return bytes(field.parts[field.data[0]]).decode("utf-8"), _gguf_specials(reader)
         except Exception:  # noqa: BLE001 (no gguf package or an unreadable field: no template)
             return None
     config = path / "tokenizer_config.json"
@@ -48,6 +48,26 @@ def load_chat_template(path: str | Path) -> tuple[str, dict] | None:
         return value.get("content", "") if isinstance(value, dict) else (value or "")
 
     return template, {"bos_token": token(data.get("bos_token")), "eos_token": token(data.get("eos_token"))}
+
+
+def _gguf_specials(reader) -> dict:
+    """{"bos_token": ..., "eos_token": ...}: the texts of a GGUF's BOS and EOS ids ('' where it has none)."""
+    tokens, specials = reader.fields.get("tokenizer.ggml.tokens"), {}
+    for name in ("bos", "eos"):
+        field = reader.fields.get(f"tokenizer.ggml.{name}_token_id")
+        specials[f"{name}_token"] = ""
+        if field is not None and tokens is not None:
+            token = int(field.parts[field.data[0]][0])
+            if 0 <= token < len(tokens.data):
+                specials[f"{name}_token"] = bytes(tokens.parts[tokens.data[token]]).decode("utf-8", errors="replace")
+    return specials
+
+
+def without_added_bos(prompt: str, specials: dict, bos: int | None) -> str:
+    """A rendered chat prompt less its leading BOS text where the tokenizer adds a BOS itself
+    (`bos`, models/token_text.prompt_bos), so that the prompt has one BOS, as llama.cpp's chat does."""
+    text = specials.get("bos_token") or ""
+    return prompt[len(text) :] if bos is not None and text and prompt.startswith(text) else prompt
 
 
 def check_messages(messages) -> list[dict]:
