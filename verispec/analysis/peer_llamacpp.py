@@ -51,7 +51,7 @@ from ..drafters.model import ModelDrafter
 from ..drafters.ngram import PromptLookupDrafter
 from ..drafters.suffix import SuffixDrafter
 from ..engine import generate_all
-from ..llamacpp import GGUFTokenizer, LlamaCppModel, step_status
+from ..llamacpp import GGUFTokenizer, LlamaCppModel, exact_kernels, step_status
 from ..policy import AdaptiveLength
 from ..stats import SpecStats
 from . import llamacpp_program
@@ -177,7 +177,8 @@ def run_llamacpp_peer_bench(
     `ngram_draft_lengths`. `suffix` adds verispec's suffix drafting, whose corpus spans one seed's
     prompts of a round in order (requests served one after another) and starts empty at each seed's
     first prompt; with a draft model also suffix + the draft, verispec's prompt lookup and llama.cpp's
-    n-gram drafters chained before the draft."""
+    n-gram drafters chained before the draft. `verispec_side` records what verispec's side ran, read back at run
+    time: exact kernels (the library's process-wide setting), flash attention (the target's), its threads."""
     _check(ks, max_new_tokens, repeats, seeds, ngram_types, ngram_draft_lengths, speculative_bin)
     sampling = SamplingParams(temperature=0.0) if sampling is None else sampling
     sampling = dataclasses.replace(sampling, max_new_tokens=max_new_tokens, seed=None)
@@ -324,6 +325,8 @@ def run_llamacpp_peer_bench(
             min_p=sampling.min_p,
             llama_cpp_samplers=";".join(sampler_names(sampling)),
             threads=threads,
+            # what verispec's side ran, read back from the library and the loaded target
+            verispec_side=dict(exact_kernels=exact_kernels(), flash_attention=bool(flash), threads=target.n_threads),
             target=str(target_path),
             draft=None if draft_path is None else str(draft_path),
             target_description=target.config.description,

@@ -303,6 +303,8 @@ def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
 def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: list, sampling: SamplingParams) -> int:
     from ..analysis.peer_llamacpp import run_llamacpp_peer_bench
 
+    # --exact-kernels, --flash-attn and the capped --threads: process-wide, so before the library loads (unavailable)
+    threads = assemble.llamacpp_threads(settings, assemble.to_stderr())
     reason = assemble.llamacpp_unavailable()
     if reason:
         return fail(f"--peer llamacpp: {reason}")
@@ -318,7 +320,7 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         args.repeats,
         sampling,
         args.seed,
-        args.threads,
+        threads,
         args.llama_cpp_bin,
         confidence_threshold=args.confidence_threshold,
         draft_temperature=args.draft_temperature,

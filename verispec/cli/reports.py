@@ -86,7 +86,9 @@ def peer_llamacpp_lines(result: dict, max_new_tokens: int, repeats: int, confide
         + (f"{'vs n-gram best':>14} " if ngram else "")
         + f"{'alpha_hat':>19} {'own ms/pass':>11}  identical"
     )
-    lines = [header]
+    side = result.get("verispec_side")  # what verispec's side ran, read back at run time
+    lines = [] if side is None else [_verispec_side(side)]
+    lines.append(header)
     for row in result["runs"]:
         best = _with_range(row["vs_llamacpp_speculative_best"], row["vs_llamacpp_speculative_best_range"], ".2f")
         alpha = _with_range(row.get("alpha_hat"), row.get("alpha_hat_range"), ".2f")
@@ -132,6 +134,12 @@ def peer_llamacpp_lines(result: dict, max_new_tokens: int, repeats: int, confide
             "settings at its defaults"
         )
     return lines
+
+
+def _verispec_side(side: dict) -> str:
+    """'verispec side: exact kernels off, flash attention on, 2 threads'."""
+    exact, flash = ("on" if side[name] else "off" for name in ("exact_kernels", "flash_attention"))
+    return f"verispec side: exact kernels {exact}, flash attention {flash}, {side['threads']} threads"
 
 
 def _with_range(value: float | None, span: list[float] | None, spec: str) -> str:
