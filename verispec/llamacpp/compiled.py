@@ -28,6 +28,7 @@ from ..models.kernels import cache_root
 from .lib import cpu_flags, library
 
 _SOURCE = Path(__file__).resolve().parent / "llama_step.c"
+_SOURCES = (_SOURCE, _SOURCE.with_name("head.c"), _SOURCE.with_name("head.h"))  # compiled into one library
 # compile only: linking with -ffast-math would set flush-to-zero process-wide
 _CFLAGS = ["-O3", "-march=native", "-ffast-math"]
 _library = None
@@ -77,6 +78,8 @@ class StepArgs(ctypes.Structure):
         ("given", _p),  # int32 [rows, k]: proposals made outside (a lookup; q one-hot): every row's, or with a draft
         # the rows given_rows names (a combined draft); or NULL
         ("given_rows", _p),  # uint8 [rows]: with a draft, 1 where the row takes its given proposals; or NULL
+        ("head", _p),  # struct verispec_head * of the target's context (head.py), or NULL: llama.cpp's head
+        ("head_logits", _p),  # float32 [outputs, V] with head: the target's logits; first_at indexes its rows
     ]
 
 
@@ -137,7 +140,7 @@ def _build() -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                _SOURCE.read_bytes(),
+                *(source.read_bytes() for source in _SOURCES),
                 (include / "llama.h").read_bytes(),
                 llama_cpp.__version__.encode(),
                 " ".join(_CFLAGS).encode(),
@@ -150,24 +153,18 @@ def _build() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
-    for command in (
-        [compiler, *_CFLAGS, "-fPIC", "-c", f"-I{include}", str(_SOURCE), "-o", f"{partial}.o"],  # fast math here,
-        [
-            compiler,
-            "-shared",
-            f"{partial}.o",
-            f"-L{lib_dir}",
-            "-lllama",
-            f"-Wl,-rpath,{lib_dir}",
-            "-lm",
-            "-o",
-            str(partial),
-        ],
-    ):  # not here
+    objects = [f"{partial}.{source.stem}.o" for source in _SOURCES if source.suffix == ".c"]
+    compile_each = [
+        [compiler, *_CFLAGS, "-fopenmp", "-fPIC", "-c", f"-I{include}", str(source), "-o", obj]  # fast math here,
+        for source, obj in zip((s for s in _SOURCES if s.suffix == ".c"), objects)
+    ]
+    link = [compiler, "-shared", "-fopenmp", *objects, f"-L{lib_dir}", "-lllama", "-lggml-cpu", "-lggml-base"]
+    for command in (*compile_each, [*link, f"-Wl,-rpath,{lib_dir}", "-lm", "-o", str(partial)]):  # not here
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"the compiler failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}")
-    Path(f"{partial}.o").unlink()
+    for obj in objects:
+        Path(obj).unlink()
     os.replace(partial, target)  # atomic: another process never loads half a library
     return target
 
@@ -190,6 +187,12 @@ def load():
         loaded.verispec_rule.argtypes = [ctypes.POINTER(_RuleArgs)]
         loaded.verispec_process.restype = ctypes.c_int32
         loaded.verispec_process.argtypes = [_p, ctypes.c_int32, ctypes.POINTER(Sampling), _p, _p]
+        loaded.verispec_head_supported.restype = ctypes.c_int32
+        loaded.verispec_head_supported.argtypes = [ctypes.c_int32]
+        loaded.verispec_head_row_bytes.restype = ctypes.c_int64
+        loaded.verispec_head_row_bytes.argtypes = [ctypes.c_int32, ctypes.c_int32]
+        loaded.verispec_head_logits.restype = None
+        loaded.verispec_head_logits.argtypes = [_p, ctypes.c_int32, _p]
         _library, _status = loaded, f"compiled step loaded ({target.parent})"
     except Exception as error:  # no compiler, no header, ...: the engine's Python path; said once
         _status = f"compiled step unavailable ({type(error).__name__}: {str(error)[:200]})"

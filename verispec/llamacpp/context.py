@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..models.cache import CacheLengths
+from .head import new_head
 from .lib import library, log_tail
 
 N_BATCH = 512  # tokens per llama_decode call at least (a longer prefill is split); llama.cpp's ubatch
@@ -115,6 +116,12 @@ class Context:
         # sequence of a pass has one token (placeholders).
         # Flash attention: each query on its own, so a one-token pass needs no placeholder until flash attention would
         # split its cells (SPLIT_KV_FROM), unless a matrix of the file takes sgemm (the pass's only position: vec_dot)
+        # verispec's own output head (head.py) where only the head keeps the file's matrices from vec_dot at every
+        # width: the graph stops after the final norm, and a decode is one ubatch (its outputs in batch order)
+        self.head = new_head(model, capacity, model.n_threads) if getattr(model, "own_head", False) else None
+        if self.head is not None:
+            params.cb_eval, params.cb_eval_user_data = self.head.eval_callback, self.head.user_data
+            params.n_ubatch = capacity
         self.flash = model.shape_invariant and model.flash_attention
         self.lone_pad = self.flash and model.sgemm_weights  # every pass of one position gets a placeholder
         params.flash_attn_type = 1 if self.flash else 0
@@ -163,6 +170,7 @@ class Context:
         read: Callable[[np.ndarray], np.ndarray] | None,
     ) -> tuple[np.ndarray | None, float]:
         lib, results, inside = library(), [], 0.0
+        given = tokens, positions, seqs, outputs
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
@@ -184,6 +192,8 @@ class Context:
             tokens, positions, seqs = tokens[order], positions[order], seqs[order]
             if not isinstance(outputs, bool):
                 outputs = outputs[order]
+        if self.head is not None and not self._one_ubatch(seqs):  # the head's rows would not be in batch order
+            return self._in_blocks(*given, read)
         for start in range(0, len(tokens), self.n_batch):
             end = min(start + self.n_batch, len(tokens))
             count = end - start
@@ -194,6 +204,8 @@ class Context:
                 self._seq_ids[i][0] = int(seqs[start + i])
             self._seq_written[:count] = seqs[start:end]
             self.batch.n_tokens = count
+            if self.head is not None:
+                self.head.reset()
             started = time.perf_counter()
             status = lib.llama_decode(self.ptr, self.batch)
             inside += time.perf_counter() - started
@@ -201,7 +213,7 @@ class Context:
                 raise RuntimeError(f"llama_decode failed (status {status}): {log_tail()}")
             if read is not None:
                 rows = count if isinstance(outputs, bool) else int(np.count_nonzero(outputs[start:end]))
-                results.append(read(self.logits(rows)))
+                results.append(read(self.logits(rows) if self.head is None else self.head.logits(rows)))
         if filled is not None:  # the placeholders' cells go: each sequence is as it was, plus its tokens
             pads, pad_positions = filled
             first = np.flatnonzero(np.r_[True, pads[1:] != pads[:-1]])  # each padded sequence's first placeholder
@@ -248,6 +260,15 @@ class Context:
         if read is None:
             return None, inside
         return np.concatenate(found)[np.argsort(np.concatenate(order))], inside
+
+    def _one_ubatch(self, seqs: np.ndarray) -> bool:
+        """Whether llama.cpp runs each decode of these (sorted) sequences as one ubatch, so that its
+        outputs come in batch order: one sequence, or consecutive ones with as many tokens each."""
+        present, counts = np.unique(seqs, return_counts=True)
+        if len(present) == 1:
+            return True
+        consecutive = int(present[-1] - present[0]) + 1 == len(present)
+        return consecutive and int(counts.min()) == int(counts.max()) and len(seqs) <= self.n_batch
 
     def _single_pad(
         self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, outputs: np.ndarray | bool

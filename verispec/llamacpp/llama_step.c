@@ -54,7 +54,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "head.h"
+
 #define TOO_MANY_TOKENS (-1) /* a batch would exceed its capacity: nothing was changed */
+#define HEAD_OUT_OF_ORDER (-2) /* the own head's rows were not the batch's outputs in order (never expected) */
 #define SPLIT_KV_FROM 240   /* as context.py's SPLIT_KV_FROM */
 
 /* sampling.process_logits's settings at temperature > 0 (config.SamplingParams). */
@@ -414,6 +417,13 @@ static void acceptance_grid(const float *p, struct support kept, const struct pr
     }
 }
 
+/* How many tokens of the batch so far ask for logits. */
+static int32_t outputs_before(const llama_batch *b) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) n += b->logits[i] != 0;
+    return n;
+}
+
 static int32_t decode(struct llama_context *ctx, llama_batch *batch, double *seconds) {
     double started = now();
     int32_t status = llama_decode(ctx, *batch);
@@ -597,6 +607,9 @@ struct verispec_step_args {
     const int32_t *given;         /* [rows, k] proposals made outside (a lookup, q one-hot): every row's with draft NULL,
                                      with a draft those of the rows given_rows names; or NULL */
     const uint8_t *given_rows;    /* [rows] with a draft and `given`: 1 where row b takes given[b] (or NULL: none) */
+    struct verispec_head *head;   /* verispec's own output head of the target (head.c), or NULL: llama.cpp's */
+    float *head_logits;           /* [outputs, V] with `head`: the target's logits, in the batch's order of outputs;
+                                     first_at then indexes its rows */
 };
 
 /* Row b's proposals for position i, drawn by verispec_step: the pointers into its arrays. */
@@ -607,8 +620,8 @@ static struct proposal drawn_at(const struct verispec_step_args *a, int32_t b, i
 }
 
 /* One iteration. Returns the number of proposals made (0..k; 0 when k == 0: a plain step),
- * TOO_MANY_TOKENS (nothing was changed), or -1000 - llama_decode's status (the caches are then in
- * an unknown state). On return output, num_accepted and beta hold the outcome of every active row
+ * TOO_MANY_TOKENS (nothing was changed), HEAD_OUT_OF_ORDER or -1000 - llama_decode's status (the caches
+ * are then in an unknown state). On return output, num_accepted and beta hold the outcome of every active row
  * and the lengths, pending tokens and counts describe the caches after rollback. With k == 0 the
  * draft reads nothing: the committed token joins its pending tokens (width must leave room). */
 int32_t verispec_step(const struct verispec_step_args *a) {
@@ -706,6 +719,7 @@ int32_t verispec_step(const struct verispec_step_args *a) {
 
     /* Target: [pending, x_1..x_drafted] of every row in one pass, logits at every position. */
     int32_t at_of[rows]; /* row b's first place in the target's batch */
+    int32_t out_of[rows]; /* row b's first row among the batch's outputs (own head) */
     target_batch->n_tokens = 0;
     const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1; /* per row in the pass */
     for (int32_t b = 0; b < rows; b++) {
@@ -715,13 +729,21 @@ int32_t verispec_step(const struct verispec_step_args *a) {
             for (int32_t i = 0; i < positions; i++) put(target_batch, 0, pad_at[b] + i, b, 0);
             continue;
         }
-        a->first_at[b] = at_of[b];
+        out_of[b] = outputs_before(target_batch);
+        a->first_at[b] = a->head ? out_of[b] : at_of[b];
         put(target_batch, target_pending[b], target_length[b], b, 1);
         for (int32_t i = 0; i < drafted; i++) put(target_batch, proposals[b * k + i], target_length[b] + 1 + i, b, 1);
         if (positions > drafted + 1) /* a lone token: a second after it, removed by the rollback below */
             put(target_batch, target_pending[b], target_length[b] + 1, b, live == 1);
     }
+    struct verispec_head *head = a->head;
+    if (head) head->rows = head->ubatches = head->overflow = 0;
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
+    if (head) { /* the head's rows are the batch's outputs in order only where llama.cpp ran it as one ubatch */
+        const int32_t outputs = outputs_before(target_batch);
+        if (head->overflow || head->rows != outputs || (head->ubatches > 1 && span > 1)) return HEAD_OUT_OF_ORDER;
+        verispec_head_logits(head, outputs, a->head_logits);
+    }
 
     /* The rule, then both caches back to the committed tokens. */
     for (int32_t b = 0; b < rows; b++) {
@@ -730,7 +752,8 @@ int32_t verispec_step(const struct verispec_step_args *a) {
             continue;
         }
         const float *logits[drafted + 1]; /* the target's rows for [pending, x_1..x_drafted] */
-        for (int32_t i = 0; i <= drafted; i++) logits[i] = llama_get_logits_ith(target, at_of[b] + i);
+        for (int32_t i = 0; i <= drafted; i++)
+            logits[i] = head ? a->head_logits + (size_t)(out_of[b] + i) * vocab : llama_get_logits_ith(target, at_of[b] + i);
         struct proposal drawn[drafted + 1];
         const int row_sampled = sampling[b].temperature > 0.0f;
         for (int32_t i = 0; row_sampled && !takes[b] && i < drafted; i++) drawn[i] = drawn_at(a, b, i, vocab);

@@ -25,18 +25,9 @@ import torch
 from ..models.checkpoint import CheckpointError
 from . import regime
 from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
+from .head import HEAD_NAMES, SGEMM_TYPES, matrix_types, own_head
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
-
-_SGEMM_TYPES = {
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q5_0",
-    "IQ4_NL",
-}  # matrices llamafile's sgemm takes from 2 columns on
 
 
 @dataclass(frozen=True)
@@ -127,9 +118,16 @@ class LlamaCppModel:
         return regime.flash_for(self)
 
     @functools.cached_property
+    def own_head(self) -> bool:
+        """Whether shape-invariant contexts compute the output head with one kernel at every width
+        (head.py: a file whose only matrix of a type llamafile's sgemm takes is its head)."""
+        return self.shape_invariant and own_head(self)
+
+    @functools.cached_property
     def sgemm_weights(self) -> bool:
-        """Whether a matrix of the file takes llamafile's sgemm from 2 columns on (read from its header)."""
-        return bool(_matrix_types(self.path) & _SGEMM_TYPES)
+        """Whether a matrix that llama.cpp computes takes llamafile's sgemm from 2 columns on (read from the
+        file's header; the head is not llama.cpp's where `own_head`)."""
+        return bool(matrix_types(self.path, exclude=HEAD_NAMES if self.own_head else ()) & SGEMM_TYPES)
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
@@ -299,13 +297,3 @@ def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
     """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
     top = logits.max(axis=-1, keepdims=True)
     return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
-
-
-def _matrix_types(path: Path) -> set[str]:
-    """The GGUF types of a file's matrices (read from its header); {"F32"} where it cannot be read."""
-    try:
-        from gguf import GGUFReader
-
-        return {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) > 1 and t.shape[1] > 1}
-    except Exception:  # no gguf package, or a file it cannot read: the regime that holds for every type
-        return {"F32"}

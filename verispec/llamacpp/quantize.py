@@ -50,10 +50,13 @@ def quant_type(name: str) -> str:
     return upper
 
 
-def quantize(source: str | Path, out: str | Path, type: str, threads: int | None = None) -> Path:
+def quantize(
+    source: str | Path, out: str | Path, type: str, threads: int | None = None, head_type: int | None = None
+) -> Path:
     """Write the GGUF `source` as `out` in `type` with llama.cpp's quantizer. A file already in a
     quantized type is requantized (as `llama-quantize --allow-requantize`): quality is then that
-    of two roundings, which the caller should say."""
+    of two roundings, which the caller should say. `head_type` (a ggml type) sets the output head's
+    and the token embedding's type (`--output-tensor-type`, `--token-embedding-type`)."""
     ftype = QUANT_TYPES[quant_type(type)]
     source, out = Path(source), Path(out)
     if not source.is_file():
@@ -63,6 +66,8 @@ def quantize(source: str | Path, out: str | Path, type: str, threads: int | None
     params.ftype = getattr(lib, f"LLAMA_FTYPE_{ftype}")
     params.nthread = threads or default_threads()
     params.allow_requantize = True
+    if head_type is not None:
+        params.output_tensor_type = params.token_embedding_type = head_type
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     clear_log()

@@ -34,6 +34,7 @@ from .lib import library, log_tail
 __all__ = ["CompiledStep", "DraftModel", "DraftSource", "refusal", "step_status"]
 
 _TOO_MANY_TOKENS = -1
+_HEAD_OUT_OF_ORDER = -2
 
 
 class DraftModel(Protocol):
@@ -183,6 +184,7 @@ class CompiledStep:
             first_at=self.first_at.ctypes.data,
             given=self.given.ctypes.data if self.lookup or self.combined else None,
             given_rows=self.given_rows.ctypes.data if self.combined else None,
+            head=ctypes.addressof(context.head.struct) if context.head is not None else None,
         )
 
     @classmethod
@@ -326,12 +328,18 @@ class CompiledStep:
         vocab, found = self.target.vocab_size, {}
         for row, n in wanted.items():
             first, count = int(self.first_at[seqs[row]]), len(tokens[row])
-            logits = np.stack(
-                [
-                    np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.cache.context.ptr, first + i), (vocab,))
-                    for i in range(count)
-                ]
-            )  # [count, V]
+            head = self.cache.context.head
+            if head is not None:  # first_at indexes the own head's rows
+                logits = head.logits_buffer(0)[first : first + count].copy()  # [count, V]
+            else:
+                logits = np.stack(
+                    [
+                        np.ctypeslib.as_array(
+                            self._lib.llama_get_logits_ith(self.cache.context.ptr, first + i), (vocab,)
+                        )
+                        for i in range(count)
+                    ]
+                )  # [count, V]
             scores, output = torch.from_numpy(logits)[None], torch.tensor([tokens[row]])
             found[row] = token_logprobs(scores, output, {0: n})[0]
         return found
@@ -351,7 +359,13 @@ class CompiledStep:
 
     def _call(self, k: int) -> int:
         self._args.k = k
-        return self._function(ctypes.byref(self._args))
+        head = self.cache.context.head
+        if head is not None:  # the target's logits: at most every slot's k + 1 positions and a placeholder
+            self._args.head_logits = head.logits_buffer(len(self.active) * (k + 1) + 1).ctypes.data
+        made = self._function(ctypes.byref(self._args))
+        if made == _HEAD_OUT_OF_ORDER:
+            raise RuntimeError("the output head's rows were not the target pass's outputs in order")
+        return made
 
     def _read_pending(self, slots: list[int]) -> None:
         """The draft reads these active slots' pending tokens but the last (in batches of any size)."""
