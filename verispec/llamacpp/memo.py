@@ -4,7 +4,8 @@ Owns `remembered(kind, parts, compute)`: `compute()`'s JSON-able dict, read back
 `<cache>/<kind>/<hash>.json` when the same parts (a file's path, size and time, settings) were
 measured before under the same llama.cpp build and CPU; processes asking together (replicas
 starting at once) wait on a lock and compute once. The start-up deviation (deviation.py) and the
-attention regime (regime.py) are kept here. Knows nothing of what is measured.
+attention regime (regime.py) are kept here; a result with `"remember": False` is returned but not
+kept. Knows nothing of what is measured.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def remembered(kind: str, parts: list, compute: Callable[[], dict]) -> dict:
         except (OSError, ValueError):
             pass
         found = compute()
+        if found.get("remember", True) is False:  # the measurement asks not to be kept
+            return found
         temp = memo.with_suffix(f".{os.getpid()}.tmp")
         temp.write_text(json.dumps(found))
         os.replace(temp, memo)
