@@ -540,6 +540,9 @@ def test_llama_cpp_program_command_lines_for_the_draft_model_and_each_ngram_draf
     assert line[line.index("--spec-type") + 1] == "ngram-mod,draft-simple" and line.count("--spec-type") == 1
     assert line[line.index("--spec-ngram-mod-n-max") + 1] == "48" and line[line.index("--spec-draft-n-max") + 1] == "4"
     assert line[line.index("-fa") + 1] == "off"
+    from verispec.llamacpp.lib import extra_buffers_fault
+
+    assert ("--no-repack" in line) == extra_buffers_fault()  # where AMX buffers fault, as llama-cpp-python runs
     line = lp.command(program, target, "x", 16, greedy, 2, 256, draft=draft, flash=True)
     assert line[line.index("-fa") + 1] == "on"
     with pytest.raises(ValueError, match="an n-gram drafter or both"):

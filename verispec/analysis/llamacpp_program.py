@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import SamplingParams
+from ..llamacpp.lib import extra_buffers_fault
 
 PROGRAM = "llama-speculative-simple"
 DRAFT_SIMPLE = "draft-simple"  # its draft-model drafter's --spec-type
@@ -148,6 +149,7 @@ def command(
         str(n_ctx),
         "-fa",
         "on" if flash else "off",
+        *(["--no-repack"] if extra_buffers_fault() else []),  # as llama-cpp-python runs here (llamacpp/lib.py)
         *sampling_flags(params),
     ]
 

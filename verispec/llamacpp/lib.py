@@ -50,7 +50,7 @@ def library():
         if _exact_kernels:  # read once by ggml, at its first matrix product
             os.environ["GGML_CPU_TILED_MM"] = "0"
         llama_cpp.llama_backend_init()
-        if "AMX" in llama_cpp.llama_print_system_info().decode(errors="replace"):
+        if extra_buffers_fault(llama_cpp):
             _without_extra_buffers(llama_cpp)
         _lib = llama_cpp
     return _lib
@@ -94,6 +94,18 @@ def set_exact_kernels(on: bool) -> None:
 
 def exact_kernels() -> bool:
     return _exact_kernels
+
+
+def extra_buffers_fault(llama_cpp=None) -> bool:
+    """Whether llama.cpp runs here without its extra CPU buffer types (AMX, repacked weights): a build with
+    AMX_INT8 can die of SIGILL through the AMX buffer type. llama.cpp's own programs, run as peers, then take
+    `--no-repack` (the same setting, so both sides run the same kernels)."""
+    if llama_cpp is None:
+        try:
+            import llama_cpp
+        except ImportError:
+            return False
+    return "AMX" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def _without_extra_buffers(llama_cpp) -> None:

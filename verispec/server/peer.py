@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis.llamacpp_program import parse_lengths
+from ..llamacpp.lib import extra_buffers_fault
 
 PROGRAM = "llama-server"
 NAME = "llama-server"  # the prefix of its modes' names in the report
@@ -50,6 +51,7 @@ def command(
         raise ValueError("a draft model needs its draft length, and a draft length its draft model")
     flags = ["-m", str(target), "-np", str(slots), "-c", str(slots * context), "-t", str(threads)]
     flags += ["--no-cache-prompt", "--no-webui"]
+    flags += ["--no-repack"] if extra_buffers_fault() else []  # as llama-cpp-python runs here (llamacpp/lib.py)
     if draft is not None:
         flags += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_n)]
     return flags
