@@ -28,7 +28,7 @@ from ..models.kernels import cache_root
 from .lib import cpu_flags, library
 
 _SOURCE = Path(__file__).resolve().parent / "llama_step.c"
-_SOURCES = (_SOURCE, _SOURCE.with_name("head.c"), _SOURCE.with_name("head.h"))  # compiled into one library
+_SOURCES = tuple(_SOURCE.with_name(n) for n in ("llama_step.c", "head.c", "head.h", "kernels.c"))  # one library
 # compile only: linking with -ffast-math would set flush-to-zero process-wide
 _CFLAGS = ["-O3", "-march=native", "-ffast-math"]
 _library = None
@@ -193,6 +193,8 @@ def load():
         loaded.verispec_head_row_bytes.argtypes = [ctypes.c_int32, ctypes.c_int32]
         loaded.verispec_head_logits.restype = None
         loaded.verispec_head_logits.argtypes = [_p, ctypes.c_int32, _p]
+        loaded.verispec_one_kernel.restype = ctypes.c_int32
+        loaded.verispec_one_kernel.argtypes = [ctypes.c_int32] * 5
         _library, _status = loaded, f"compiled step loaded ({target.parent})"
     except Exception as error:  # no compiler, no header, ...: the engine's Python path; said once
         _status = f"compiled step unavailable ({type(error).__name__}: {str(error)[:200]})"

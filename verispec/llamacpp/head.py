@@ -10,7 +10,8 @@ pass only through the head, and a placeholder position in every one-position pas
 through the whole body) would be the price. With an OwnHead the context's graph stops after the
 final norm (llama.cpp's cb_eval), and head.c computes the logits of every position with ggml's
 one-column kernel: the logits llama.cpp's own head gives a one-position pass, bit for bit, checked
-on the file before it is used (`own_head`). Applies where the head is the file's only sgemm matrix,
+on the file before it is used (`own_head`). Applies where the head is the file's only sgemm matrix
+whose results depend on the width on this CPU (`one_kernel_types`: on some CPUs Q8_0's do not),
 the graph ends with the head (no soft-capping or scaling after it), and llama.cpp maps the file's
 bytes as they are (exact kernels: nothing repacked). Knows nothing of caches, batches or speculation.
 """
@@ -60,6 +61,34 @@ def matrix_types(path: Path, exclude: tuple[str, ...] = ()) -> set[str]:
         return {t.tensor_type.name for t in tensors if len(t.shape) > 1 and t.shape[1] > 1 and t.name not in exclude}
     except Exception:  # no gguf package, or a file it cannot read: the regime that holds for every type
         return {"F32"}
+
+
+@functools.cache
+def one_kernel_types() -> frozenset[str]:
+    """The types of SGEMM_TYPES whose matrix product gives each column's one-column results at every width
+    on this CPU (kernels.c, measured on random data of three shapes through ggml's own mul_mat; a few
+    milliseconds a type, once per process): they need neither a placeholder nor verispec's head.
+    `VERISPEC_KERNEL_PROBE=0` takes none (every such type gets them)."""
+    from .compiled import load
+    from .lib import default_threads
+
+    compiled = load()
+    if compiled is None or os.environ.get("VERISPEC_KERNEL_PROBE", "1") == "0":
+        return frozenset()
+    library()  # ggml's CPU backend as verispec sets it up
+    from gguf import GGMLQuantizationType
+
+    shapes, threads = ((576, 256, 5), (128, 320, 3), (1024, 64, 9)), default_threads()
+    return frozenset(
+        name
+        for name in SGEMM_TYPES
+        if all(compiled.verispec_one_kernel(GGMLQuantizationType[name].value, *s, threads) == 1 for s in shapes)
+    )
+
+
+def width_dependent(types: set[str]) -> set[str]:
+    """Those of `types` whose results depend on a product's width here (sgemm's types less `one_kernel_types`)."""
+    return types & (SGEMM_TYPES - one_kernel_types())
 
 
 def head_tensor(path: str | Path) -> tuple[str, int, int, int, int] | None:
@@ -133,7 +162,7 @@ def _candidate(model) -> tuple | None:
     body = matrix_types(model.path, exclude=HEAD_NAMES)  # the token embedding is a table unless it is the head
     from gguf import GGMLQuantizationType
 
-    if n_vocab != model.vocab_size or body & SGEMM_TYPES or GGMLQuantizationType(type_).name not in SGEMM_TYPES:
+    if n_vocab != model.vocab_size or width_dependent(body) or not width_dependent({GGMLQuantizationType(type_).name}):
         return None
     return found
 

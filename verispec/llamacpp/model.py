@@ -25,7 +25,7 @@ import torch
 from ..models.checkpoint import CheckpointError
 from . import regime
 from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
-from .head import HEAD_NAMES, SGEMM_TYPES, matrix_types, own_head
+from .head import HEAD_NAMES, matrix_types, own_head, width_dependent
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
 
@@ -125,9 +125,10 @@ class LlamaCppModel:
 
     @functools.cached_property
     def sgemm_weights(self) -> bool:
-        """Whether a matrix that llama.cpp computes takes llamafile's sgemm from 2 columns on (read from the
-        file's header; the head is not llama.cpp's where `own_head`)."""
-        return bool(matrix_types(self.path, exclude=HEAD_NAMES if self.own_head else ()) & SGEMM_TYPES)
+        """Whether a matrix that llama.cpp computes takes llamafile's sgemm from 2 columns on with results
+        that differ from its one-column kernel's on this CPU (read from the file's header; head.width_dependent;
+        the head is not llama.cpp's where `own_head`)."""
+        return bool(width_dependent(matrix_types(self.path, exclude=HEAD_NAMES if self.own_head else ())))
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
