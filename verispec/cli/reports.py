@@ -103,6 +103,11 @@ def peer_llamacpp_lines(result: dict, max_new_tokens: int, repeats: int, confide
             + (f"{row['vs_llamacpp_ngram_best']:>14.2f} " if ngram else "")
             + f"{alpha:>19} {own:>11}  {row.get('identical_to_llamacpp_plain', '-')} "
             f"({row.get('identical_prompts', '-')}/{result['pairs']})"
+            + (
+                ""
+                if "identical_to_verispec_plain" not in row
+                else f"; = verispec plain: {row['identical_to_verispec_plain']}"
+            )
         )
     for row in result["runs"]:
         if row.get("proposal_tau"):
