@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_header import tensor_table
 from .lib import library
 
 HEAD_NAMES = ("output.weight", "token_embd.weight")  # a tied head is the token embedding
@@ -54,12 +55,16 @@ class HeadStruct(ctypes.Structure):
 def matrix_types(path: Path, exclude: tuple[str, ...] = ()) -> set[str]:
     """The GGUF types of a file's matrices but those named in `exclude` (read from its header); {"F32"} where
     it cannot be read."""
-    try:
-        from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
 
-        tensors = GGUFReader(str(path)).tensors
-        return {t.tensor_type.name for t in tensors if len(t.shape) > 1 and t.shape[1] > 1 and t.name not in exclude}
-    except Exception:  # no gguf package, or a file it cannot read: the regime that holds for every type
+    try:
+        tensors = tensor_table(path)
+        return {
+            GGMLQuantizationType(t.type).name
+            for t in tensors
+            if len(t.shape) > 1 and t.shape[1] > 1 and t.name not in exclude
+        }
+    except (OSError, ValueError):  # a file it cannot read: the regime that holds for every type
         return {"F32"}
 
 
@@ -93,22 +98,14 @@ def width_dependent(types: set[str]) -> set[str]:
 
 def head_tensor(path: str | Path) -> tuple[str, int, int, int, int] | None:
     """(name, ggml type, offset in the file, n_embd, n_vocab) of a file's output head, or None."""
-    stat = Path(path).stat()
-    return _head_tensor(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.cache
-def _head_tensor(path: str, mtime_ns: int, size: int) -> tuple[str, int, int, int, int] | None:
     try:
-        from gguf import GGUFReader
-
-        tensors = {t.name: t for t in GGUFReader(str(path)).tensors if t.name in HEAD_NAMES}
-    except Exception:  # no gguf package or an unreadable header: llama.cpp's head
+        tensors = {t.name: t for t in tensor_table(path) if t.name in HEAD_NAMES}
+    except (OSError, ValueError):  # an unreadable header: llama.cpp's head
         return None
     tensor = next((tensors[name] for name in HEAD_NAMES if name in tensors), None)
     if tensor is None or len(tensor.shape) != 2:
         return None
-    return tensor.name, int(tensor.tensor_type), int(tensor.data_offset), int(tensor.shape[0]), int(tensor.shape[1])
+    return tensor.name, tensor.type, tensor.offset, tensor.shape[0], tensor.shape[1]
 
 
 class OwnHead:
