@@ -1,0 +1,29 @@
+"""llamacpp/gguf_header.py: a GGUF's tensor table read without decoding its metadata, equal to gguf's reader."""
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from gguf import GGUFReader  # noqa: E402
+
+from verispec.llamacpp.gguf_header import tensor_table  # noqa: E402
+from verispec.models.gguf_convert import convert  # noqa: E402
+from verispec.pair import DRAFT_DIR  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_the_table_equals_gguf_s_reader(kind, tmp_path):
+    path = convert(DRAFT_DIR, tmp_path / f"draft-{kind}.gguf", kind)  # a real vocabulary: strings to skip
+    ours = tensor_table(path)
+    theirs = GGUFReader(str(path)).tensors
+    assert len(ours) == len(theirs) > 0
+    for mine, reference in zip(ours, theirs):
+        assert mine.name == reference.name and mine.type == int(reference.tensor_type)
+        assert mine.shape == tuple(int(d) for d in reference.shape) and mine.offset == int(reference.data_offset)
+
+
+def test_a_file_that_is_not_gguf_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 not a gguf at all" * 4)
+    with pytest.raises(ValueError, match="model.gguf: not a GGUF file"):
+        tensor_table(bad)
