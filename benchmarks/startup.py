@@ -40,7 +40,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompt", default="The three primary colors are")
     args = parser.parse_args()
-    print("| file | first run: verispec / llama-cpp-python (s) | later runs: verispec (s) | llama-cpp-python (s) | ratio |")
+    columns = ["file", "first run: verispec / llama-cpp-python (s)", "later runs: verispec (s)", "llama-cpp-python (s)"]
+    print("| " + " | ".join([*columns, "ratio"]) + " |")
     print("|---|---|---|---|---|")
     for path in args.files:
         verispec = [sys.executable, "-m", "verispec", "generate", args.prompt, "--target", path, "--draft", "none"]
