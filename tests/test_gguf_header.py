@@ -1,4 +1,4 @@
-"""llamacpp/gguf_header.py: a GGUF's tensor table read without decoding its metadata, equal to gguf's reader."""
+"""models/gguf_header.py: a GGUF's tensor table read without decoding its metadata, equal to gguf's reader."""
 
 import pytest
 
@@ -6,8 +6,8 @@ pytest.importorskip("gguf")
 
 from gguf import GGUFReader  # noqa: E402
 
-from verispec.llamacpp.gguf_header import tensor_table  # noqa: E402
 from verispec.models.gguf_convert import convert  # noqa: E402
+from verispec.models.gguf_header import tensor_table  # noqa: E402
 from verispec.pair import DRAFT_DIR  # noqa: E402
 
 
@@ -27,3 +27,16 @@ def test_a_file_that_is_not_gguf_is_refused_in_one_line(tmp_path):
     bad.write_bytes(b"PK\x03\x04 not a gguf at all" * 4)
     with pytest.raises(ValueError, match="model.gguf: not a GGUF file"):
         tensor_table(bad)
+
+
+def test_chosen_metadata_equals_gguf_s_reader_and_the_rest_is_not_decoded(tmp_path):
+    from verispec.models.gguf_header import metadata
+
+    path = convert(DRAFT_DIR, tmp_path / "draft.gguf")
+    reader = GGUFReader(str(path)).fields
+    keys = ("general.architecture", "llama.context_length", "tokenizer.ggml.tokens", "tokenizer.ggml.eos_token_id")
+    found = metadata(path, keys)
+    assert set(found) == set(keys)
+    for key in keys:
+        assert found[key] == reader[key].contents(), key
+    assert metadata(path, ("no.such.key",)) == {}

@@ -119,3 +119,29 @@ def test_a_rendered_chat_prompt_keeps_one_bos():
     assert without_added_bos(f"{BOS}[INST] hi", specials, bos=257) == "[INST] hi"
     assert without_added_bos(f"{BOS}[INST] hi", specials, bos=None) == f"{BOS}[INST] hi"  # nothing adds one
     assert without_added_bos("[INST] hi", specials, bos=257) == "[INST] hi"
+
+
+def test_a_gguf_s_chat_template_gets_its_bos_and_eos_texts(tmp_path):
+    """Read from the file's metadata (models/gguf_header.metadata), so that a rendered prompt's BOS can be
+    recognised and left to the tokenizer."""
+    import gguf
+    import numpy as np
+
+    from verispec.server.chat import load_chat_template, render
+
+    template = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+    path = tmp_path / "chat.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_chat_template(template)
+    writer.add_token_list(["<unk>", BOS, "</s>", "a"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_tensor("x", np.zeros((2, 2), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loaded = load_chat_template(path)
+    assert loaded == (template, {"bos_token": BOS, "eos_token": "</s>"})
+    rendered = render(*loaded, [{"role": "user", "content": "hi"}])
+    assert rendered == f"{BOS}[user] hi" and without_added_bos(rendered, loaded[1], bos=1) == "[user] hi"

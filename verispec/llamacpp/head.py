@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_header import tensor_table
+from ..models.gguf_header import tensor_table
 from .lib import library
 
 HEAD_NAMES = ("output.weight", "token_embd.weight")  # a tied head is the token embedding

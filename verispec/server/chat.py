@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..models.gguf_header import metadata
 from .protocol import BadRequest
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -22,16 +23,20 @@ def load_chat_template(path: str | Path) -> tuple[str, dict] | None:
     """(template, {"bos_token": ..., "eos_token": ...}) of a model, or None without a template."""
     path = Path(path)
     if path.is_file():  # a GGUF file: its metadata
+        keys = ("tokenizer.chat_template", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
         try:
-            from gguf import GGUFReader
-
-            reader = GGUFReader(str(path))
-            field = reader.fields.get("tokenizer.chat_template")
-            if field is None:
+            fields = metadata(path, keys)
+            template = fields.get("tokenizer.chat_template")
+            if not isinstance(template, str) or not template:
                 return None
-            return bytes(field.parts[field.data[0]]).decode("utf-8"), _gguf_specials(reader)
-        except Exception:  # noqa: BLE001 (no gguf package or an unreadable field: no template)
+            tokens = metadata(path, ("tokenizer.ggml.tokens",)).get("tokenizer.ggml.tokens") or []
+        except (OSError, ValueError):  # an unreadable file: no template
             return None
+        specials = {}
+        for name in ("bos", "eos"):
+            token = fields.get(f"tokenizer.ggml.{name}_token_id")
+            specials[f"{name}_token"] = tokens[token] if isinstance(token, int) and 0 <= token < len(tokens) else ""
+        return template, specials
     config = path / "tokenizer_config.json"
     if not config.is_file():
         return None
@@ -48,19 +53,6 @@ def load_chat_template(path: str | Path) -> tuple[str, dict] | None:
         return value.get("content", "") if isinstance(value, dict) else (value or "")
 
     return template, {"bos_token": token(data.get("bos_token")), "eos_token": token(data.get("eos_token"))}
-
-
-def _gguf_specials(reader) -> dict:
-    """{"bos_token": ..., "eos_token": ...}: the texts of a GGUF's BOS and EOS ids ('' where it has none)."""
-    tokens, specials = reader.fields.get("tokenizer.ggml.tokens"), {}
-    for name in ("bos", "eos"):
-        field = reader.fields.get(f"tokenizer.ggml.{name}_token_id")
-        specials[f"{name}_token"] = ""
-        if field is not None and tokens is not None:
-            token = int(field.parts[field.data[0]][0])
-            if 0 <= token < len(tokens.data):
-                specials[f"{name}_token"] = bytes(tokens.parts[tokens.data[token]]).decode("utf-8", errors="replace")
-    return specials
 
 
 def without_added_bos(prompt: str, specials: dict, bos: int | None) -> str:

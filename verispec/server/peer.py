@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..analysis.llamacpp_program import parse_lengths
 from ..llamacpp.lib import extra_buffers_fault
+from ..models.gguf_header import metadata
 
 PROGRAM = "llama-server"
 NAME = "llama-server"  # the prefix of its modes' names in the report
@@ -65,13 +66,8 @@ def request_fields(temperature: float) -> dict:
 def model_context(path: Path) -> int:
     """A GGUF's training context (`<arch>.context_length`), as verispec's server takes for a
     request's context when --max-model-len is not given."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = reader.fields["general.architecture"]
-    name = bytes(arch.parts[arch.data[0]]).decode()
-    length = reader.fields[f"{name}.context_length"]
-    return int(length.parts[length.data[0]][0])
+    arch = metadata(path, ("general.architecture",))["general.architecture"]
+    return int(metadata(path, (f"{arch}.context_length",))[f"{arch}.context_length"])
 
 
 @dataclass
