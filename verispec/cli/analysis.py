@@ -303,10 +303,8 @@ def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
 def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: list, sampling: SamplingParams) -> int:
     from ..analysis.peer_llamacpp import run_llamacpp_peer_bench
 
-    # --exact-kernels, --flash-attn and the capped --threads: process-wide, so before the library loads (unavailable)
-    threads = assemble.llamacpp_threads(settings, assemble.to_stderr())
-    reason = assemble.llamacpp_unavailable()
-    if reason:
+    threads = assemble.llamacpp_threads(settings, assemble.to_stderr())  # process-wide: before the library loads
+    if reason := assemble.llamacpp_unavailable():
         return fail(f"--peer llamacpp: {reason}")
     ngram_types = parse_ngram_types(args.peer_ngram) if args.peer_ngram is not None else []
     texts = read_prompts(args.prompts, args.max_prompts)
