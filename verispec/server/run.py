@@ -94,7 +94,7 @@ def build(
             scheduler.stop()
 
     app.router.lifespan_context = lifespan
-    app.state.stop_requests = lambda: scheduler.stop(timeout=0)  # run() calls it on SIGINT or SIGTERM
+    app.state.scheduler = scheduler  # run() runs its loop on the main thread and stops it on SIGINT or SIGTERM
     return app, scheduler
 
 
@@ -119,35 +119,56 @@ def listen(host: str, port: int):
 
 def run(app, host: str, port: int, sock=None) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully and return: the command exits 0.
-    The signal first stops the scheduler (`app.state.stop_requests`, from `build`): every request
-    it holds ends at once, a stream with its last chunk (finish_reason "abort") and [DONE];
-    uvicorn alone would wait 5 s for the open streams and then cut them. uvicorn's own handling
-    would also re-raise the signal after its shutdown, so the process would die by it. `sock`:
-    one from `listen`, bound already (else uvicorn binds host:port)."""
+    The scheduler's loop runs on this thread, the one that loaded the models, and uvicorn on a
+    thread of its own: llama.cpp's OpenMP then has one team of threads in the process
+    (Scheduler.start says what a second costs). The signal first stops the scheduler: every
+    request it holds ends at once, a stream with its last chunk (finish_reason "abort") and
+    [DONE]; then uvicorn closes the connections (5 s at most for open streams). A second signal
+    cuts them. `sock`: one from `listen`, bound already (else uvicorn binds host:port)."""
     import signal
+    import threading
 
     import uvicorn
 
-    stop_requests = getattr(app.state, "stop_requests", None)
-
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            if not self.should_exit and stop_requests is not None:
-                stop_requests()
-            super().handle_exit(sig, frame)
-
         @contextlib.contextmanager
-        def capture_signals(self):
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        def capture_signals(self):  # this process's main thread handles them (below)
+            yield
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run(
-        sockets=None if sock is None else [sock]
-    )
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5))
+    scheduler = getattr(app.state, "scheduler", None)
+
+    def on_signal(sig, frame) -> None:
+        if server.should_exit:
+            server.force_exit = True
+        if scheduler is not None:
+            scheduler.stop(timeout=0)
+        server.should_exit = True
+
+    def serve_http() -> None:
+        try:
+            server.run(sockets=None if sock is None else [sock])
+        finally:  # uvicorn ended (a signal, or its start-up failed): so does the loop
+            if scheduler is not None:
+                scheduler.stop(timeout=0)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http = threading.Thread(target=serve_http, name="verispec-http", daemon=True)
+    try:
+        if scheduler is not None:
+            scheduler.claim()  # before uvicorn's start-up (lifespan) calls scheduler.start()
+        http.start()
+        if scheduler is not None:
+            scheduler.run_here()  # until a signal stops it (or the engine fails: requests then get 503s)
+        while http.is_alive():
+            http.join(0.5)
+    finally:
+        server.should_exit = True
+        http.join(10)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if scheduler is not None and scheduler.error is not None and not server.started:
+        raise RuntimeError(f"the scheduler could not start: {scheduler.error}") from scheduler.error
 
 
 class Running:

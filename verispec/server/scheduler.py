@@ -103,6 +103,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="verispec-scheduler", daemon=True)
         self.error: BaseException | None = None  # what stopped the loop, if anything did
+        self._here = False  # `claim`ed: the loop runs on the caller's thread (run_here), not on _thread
         self._ready = threading.Event()  # set once the loop's thread has calibrated (or failed)
         self.calibrate = calibrate and isinstance(self.batch.policy, (AdaptiveLength, SplitLength))
         self.calibration_s: float | None = None  # seconds the calibration took, once done
@@ -129,15 +130,29 @@ class Scheduler:
             self._wake.notify()
 
     def start(self) -> None:
-        """Start the loop's thread and return once it is ready: with `--k auto` it first
-        calibrates (passes at every batch size and k, timed before any request:
-        analysis.profile.calibrate). The calibration runs on the loop's own thread, as every later pass
-        does: llama.cpp's OpenMP keeps a team of threads per calling thread, and a calibration on another
-        thread would leave a second team contending for the cores with every later pass."""
-        self._thread.start()
+        """Start the loop's thread (unless `run_here` runs the loop) and return once it is ready:
+        with `--k auto` it first calibrates (passes at every batch size and k, timed before any
+        request: analysis.profile.calibrate) on the loop's own thread, as every later pass.
+        llama.cpp's OpenMP keeps a team of threads per calling thread; once a process holds two
+        teams, libgomp counts more threads than cores and its workers sleep on a futex at every
+        barrier instead of spinning: every pass pays a wake-up per layer (f32 built-in target,
+        2 cores: 16 ms a token instead of 10). Loading a model runs OpenMP on its thread too (the
+        kernel probe, the attention regime), so `serve` runs the loop on the thread that loaded
+        the models (`run_here`) and this thread-starting path is for tests and Ray replicas."""
+        if not self._here:
+            self._thread.start()
         self._ready.wait()
         if self.error is not None:
             raise RuntimeError(f"the scheduler could not start: {self.error}") from self.error
+
+    def claim(self) -> None:
+        """The caller will run the loop itself (`run_here`): `start` then only waits for it."""
+        self._here = True
+
+    def run_here(self) -> None:
+        """Run the loop on this thread until `stop` (after `claim`): calibration, then turns.
+        An error that stops the engine is kept in `error` (requests are told), as on the thread."""
+        self._run()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Take no more requests; at its next turn the loop ends every request it holds
