@@ -48,7 +48,8 @@ def test_no_speculation_matches_speculative_greedy_text(pair, capsys):
     plain = capsys.readouterr().out.splitlines()
     assert main(common + ["--draft", str(draft), "--k", "4"]) == 0
     spec = capsys.readouterr().out.splitlines()
-    assert "no speculation" in plain[-1] and "alpha_hat" in spec[-1]
+    # no draft; on a target that pads one-position passes the placeholder checks a guess (drafters/placeholder.py)
+    assert ("no speculation" in plain[-1] or "no draft" in plain[-1]) and "alpha_hat" in spec[-1]
     assert plain[:-1] == spec[:-1]
 
 

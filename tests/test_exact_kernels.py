@@ -128,13 +128,15 @@ def test_without_the_lone_placeholder_flash_attention_over_sgemm_weights_shows(f
     [(name, None) for name in ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]]
     + [("F32", True), ("F16", True), ("F16", False)],
 )
-def test_greedy_speculative_equals_plain_on_every_type(files, draft, name, flash):
+def test_greedy_speculative_equals_plain_on_every_type(files, draft, name, flash, monkeypatch):
     target = LlamaCppModel(files[name], n_threads=2)
     if flash is not None:  # else --flash-attn auto's choice
         target.flash_attention = flash
     prompts = _contexts(target)
     params = SamplingParams(temperature=0, max_new_tokens=24)
-    plain = [generate_all(target, [p], params, None, k=0)[0] for p in prompts]
+    with monkeypatch.context() as plain_only:  # the reference: plain decoding, no guess in a placeholder
+        plain_only.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")
+        plain = [generate_all(target, [p], params, None, k=0)[0] for p in prompts]
     assert generate_all(target, prompts, params, None, k=0) == plain  # a batch, plain
     for k in (1, 2, 4, "auto"):
         for make in (lambda: ModelDrafter(draft), PromptLookupDrafter):
@@ -144,8 +146,40 @@ def test_greedy_speculative_equals_plain_on_every_type(files, draft, name, flash
     assert generate_all(target, prompts, params, ModelDrafter(draft), k=3) == plain  # a batch, rows stopping apart
 
 
+@pytest.mark.parametrize("name, flash", [("F32", None), ("F16", True), ("F16", False)])
+def test_a_guess_in_the_placeholder_keeps_plain_decodings_tokens(files, name, flash, monkeypatch):
+    """No draft on a target that pads every one-position pass (drafters/placeholder.py): the
+    placeholder's position checks a guess. The tokens are plain decoding's (greedy, and sampled
+    with a seed: the coupled rule draws one number per committed token), and guesses are made
+    and taken. Control: a K-quant file under flash attention pads no such pass, so guesses none."""
+    from verispec.stats import SpecStats
+
+    target = LlamaCppModel(files[name], n_threads=2)
+    if flash is not None:
+        target.flash_attention = flash
+    assert target.pads_lone_passes
+    prompts = _contexts(target)
+    settings = [SamplingParams(temperature=0, max_new_tokens=24)]
+    settings += [SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed) for seed in (0, 1)]
+    for params in settings:
+        monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")
+        plain_stats = SpecStats()
+        plain = [generate_all(target, [p], params, None, k=0, stats=plain_stats)[0] for p in prompts]
+        monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "1")
+        stats = SpecStats()
+        assert [generate_all(target, [p], params, None, k=0, stats=stats)[0] for p in prompts] == plain, params
+        assert plain_stats.proposed == 0 and stats.placeholder_guess and stats.proposed > 0
+        if params.temperature == 0:  # repeated text: some guesses are right, and a pass then commits two tokens
+            assert stats.accepted > 0 and stats.target_passes < plain_stats.target_passes
+    control = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    control.flash_attention = True
+    stats = SpecStats()
+    generate_all(control, _contexts(control)[:1], settings[0], None, k=0, stats=stats)
+    assert not control.pads_lone_passes and stats.proposed == 0 and not stats.placeholder_guess
+
+
 @pytest.mark.parametrize("name", ["Q4_K_M", "F16"])
-def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft, name):
+def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft, name, monkeypatch):
     """Rows finish at different steps: the compiled step's target pass then has gaps between its
     sequences (placeholders) and, at the end, one row of one token (a second placeholder; on F16
     under flash attention, the placeholder of a pass of one position)."""
@@ -153,7 +187,9 @@ def test_the_compiled_step_pads_a_lone_row_between_finished_ones(files, draft, n
     target.flash_attention = True
     prompts = _contexts(target)
     budgets = [SamplingParams(temperature=0, max_new_tokens=n) for n in (30, 6, 18)]
-    plain = [generate_all(target, [p], b, None, k=0)[0] for p, b in zip(prompts, budgets)]
+    with monkeypatch.context() as plain_only:  # the reference: plain decoding, no guess in a placeholder
+        plain_only.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")
+        plain = [generate_all(target, [p], b, None, k=0)[0] for p, b in zip(prompts, budgets)]
     assert generate_all(target, prompts, budgets, ModelDrafter(draft), k=2) == plain
     assert generate_all(target, prompts, budgets, None, k=0) == plain
 

@@ -27,6 +27,7 @@ import torch
 
 from .config import SamplingParams
 from .drafters.base import Drafter
+from .drafters.placeholder import placeholder_guess
 from .models.rows import extend_rows, prefill_rows
 from .policy import DraftLengthPolicy, FixedLength, split_for
 from .sampling import RowSampling
@@ -120,8 +121,8 @@ class Batch:
         count_requests: bool = True,
     ):
         policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
-        if drafter is None:
-            policy = FixedLength(0)
+        if drafter is None:  # plain; on a target that pads one-position passes, a guess in the placeholder
+            drafter, policy = placeholder_guess(target)
         policy = split_for(policy, drafter)  # a combined draft under auto: an arm per kind of pass
         empty = (
             capacity is not None
@@ -149,6 +150,7 @@ class Batch:
             )
         self.max_length = max_length or needed
         self.stats = stats if stats is not None else SpecStats()
+        self.stats.placeholder_guess |= getattr(drafter, "placeholder_guess", False)
         self.count_requests = count_requests
         self.ids: list = list(range(batch))
         self.logprobs: list[int | None] = [

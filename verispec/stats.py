@@ -83,6 +83,7 @@ class SpecStats(RequestStats):
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
     total_time_s: float = 0.0  # prefill included
+    placeholder_guess: bool = False  # no draft: the proposals were guesses in padded passes (drafters/placeholder.py)
 
     def add(self, request: RequestStats) -> None:
         """Fold a finished request's counts into the aggregate."""
@@ -121,7 +122,13 @@ class SpecStats(RequestStats):
     def summary(self, plain_step_s: float | None = None) -> str:
         """One line: the figures a user reads after a run (with plain_step_s: the estimated speed-up)."""
         line = f"{self.generated_tokens} tokens in {self.total_time_s:.2f} s ({self.tokens_per_s:.1f} tok/s)"
-        if self.proposed:
+        if self.placeholder_guess:
+            line += (
+                f" | no draft, {self.target_passes} target passes; each one-position pass carries a second"
+                f" position (exact kernels), which checked a guess: {self.accepted}/{self.proposed} right,"
+                f" {self.mean_tokens_per_pass:.2f} tokens/pass"
+            )
+        elif self.proposed:
             line += (
                 f" | alpha_hat {self.alpha_hat:.3f} ({self.accepted}/{self.proposed}), beta {self.beta:.3f},"
                 f" mean tokens/target pass {self.mean_tokens_per_pass:.2f} (incl. recovered/bonus)"
@@ -153,4 +160,5 @@ class SpecStats(RequestStats):
             "target_time_s": self.target_time_s,
             "total_time_s": self.total_time_s,
             "tokens_per_s": self.tokens_per_s,
+            "placeholder_guess": self.placeholder_guess,
         }

@@ -130,6 +130,13 @@ class LlamaCppModel:
         the head is not llama.cpp's where `own_head`)."""
         return bool(width_dependent(matrix_types(self.path, exclude=HEAD_NAMES if self.own_head else ())))
 
+    @property
+    def pads_lone_passes(self) -> bool:
+        """Whether every pass of one position carries a second, a placeholder (with logits when its row is
+        alone): under sgemm's attention, or flash attention over sgemm's weights (context.py; llama_step.c's
+        `lone`). A guess there is verified at no cost (drafters/placeholder.py)."""
+        return self.shape_invariant and (not self.flash_attention or self.sgemm_weights)
+
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
 

@@ -13,7 +13,7 @@ depend on it. It knows nothing of models or tokens.
 """
 
 from .adaptive import AdaptiveLength, PolicySettings
-from .base import DraftLengthPolicy, FixedLength
+from .base import DraftLengthPolicy, FixedLength, LoneRowGuess
 from .decision import choose_k
 from .split import SplitLength, split_for
 
@@ -21,6 +21,7 @@ __all__ = [
     "AdaptiveLength",
     "DraftLengthPolicy",
     "FixedLength",
+    "LoneRowGuess",
     "PolicySettings",
     "SplitLength",
     "choose_k",

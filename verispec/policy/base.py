@@ -66,3 +66,14 @@ class FixedLength:
         texts: dict | None = None,
     ) -> None:
         pass
+
+
+@dataclass
+class LoneRowGuess(FixedLength):
+    """k = 1 for a pass of one row, else 0 (plain): a target that pads every one-position pass verifies a
+    guess at the placeholder's position for nothing when the row is alone (drafters/placeholder.py)."""
+
+    k: int = 1
+
+    def choose(self, batch: int = 1) -> int:
+        return 1 if batch == 1 else 0
