@@ -39,7 +39,7 @@ from verispec.analysis.profile import profile_costs
 path, exact, flash, context = sys.argv[1], sys.argv[2] == "on", sys.argv[3], int(sys.argv[4])
 settings = Settings(target=path, backend="llamacpp", exact_kernels=exact, flash_attn=flash)
 model = load_model(settings, path)
-costs = profile_costs(model, None, k_max=15, context_length=context, repeats=5, use_cache=False)
+costs = profile_costs(model, None, k_max=15, context_length=context, repeats=3, use_cache=False)
 print(json.dumps({"target_s": costs.target_s, "flash": getattr(model, "flash_attention", None) if exact else None}))
 """
 

@@ -122,7 +122,7 @@ class SpecStats(RequestStats):
     def summary(self, plain_step_s: float | None = None) -> str:
         """One line: the figures a user reads after a run (with plain_step_s: the estimated speed-up)."""
         line = f"{self.generated_tokens} tokens in {self.total_time_s:.2f} s ({self.tokens_per_s:.1f} tok/s)"
-        if self.placeholder_guess:
+        if self.placeholder_guess and self.proposed:
             line += (
                 f" | no draft, {self.target_passes} target passes; each one-position pass carries a second"
                 f" position (exact kernels), which checked a guess: {self.accepted}/{self.proposed} right,"
