@@ -1,6 +1,6 @@
 """How much better suffix drafting's proposal lengths could do: an offline replay of greedy completions.
 
-    python benchmarks/suffix_replay.py FILE.gguf --profile BENCH.json [--prompts benchmarks/resend.jsonl] [--max-prompts 16]
+    python benchmarks/suffix_replay.py FILE.gguf --profile BENCH.json [--prompts FILE] [--max-prompts 16]
 
 Decodes each prompt greedily (verispec plain, `--max-new-tokens`), then replays the completions
 through `SuffixDrafter` as `bench --peer-suffix` runs it (one corpus over the prompts, in order).
