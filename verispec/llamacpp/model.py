@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import CheckpointError
+from ..models.gguf_header import check as check_gguf
 from . import regime
 from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
 from .head import HEAD_NAMES, matrix_types, own_head, width_dependent
@@ -80,6 +81,10 @@ class LlamaCppModel:
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: no such GGUF file")
+        try:
+            check_gguf(path)  # llama.cpp would say only "error loading model"
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
         lib = library()
         params = lib.llama_model_default_params()
         if exact_kernels():

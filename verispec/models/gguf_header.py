@@ -1,10 +1,11 @@
 """A GGUF file's tensor table, read fast: names, types, shapes and where each tensor's data lies.
 
-Owns `tensor_table(path)` and `metadata(path, keys)`. The `gguf` package's reader builds a Python
-object for every metadata value, a vocabulary of 49k-262k strings included: seconds at every start.
-Here metadata is skipped by its sizes (strings by their lengths) except the keys asked for, and the
-tensor infos are decoded (GGUF v2/v3, little endian). Cached per path, size and modification time.
-Knows nothing of llama.cpp or kernels.
+Owns `tensor_table(path)`, `metadata(path, keys)` and `check(path)` (a whole GGUF file, or one
+line why not). The `gguf` package's reader builds a Python object for every metadata value, a
+vocabulary of 49k-262k strings included: seconds at every start. Here metadata is skipped by its
+sizes (strings by their lengths) except the keys asked for, and the tensor infos are decoded
+(GGUF v2/v3, little endian). Cached per path, size and modification time. Knows nothing of
+llama.cpp or kernels.
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ def metadata(path: str | Path, keys: tuple[str, ...]) -> dict:
 
 
 @functools.cache
+def check(path: str | Path) -> None:
+    """ValueError, one line, where the file is not a whole GGUF file: empty, another format, a header
+    that ends early, or tensor data that ends before its last tensor does (a download cut short)."""
+    from gguf import GGML_QUANT_SIZES
+
+    size = Path(path).stat().st_size
+    if size == 0:
+        raise ValueError(f"{path}: an empty file, not a GGUF file")
+    with open(path, "rb") as file:
+        start = file.read(4)
+    if start != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (it starts with {start!r}, a GGUF file with b'GGUF')")
+    try:
+        tensors = tensor_table(path)
+    except (struct.error, IndexError):
+        raise ValueError(f"{path}: truncated: {size} bytes end inside the GGUF header") from None
+    needed = 0
+    for tensor in tensors:
+        block, block_bytes = GGML_QUANT_SIZES.get(tensor.type, (1, 0))
+        count = 1
+        for n in tensor.shape:
+            count *= n
+        needed = max(needed, tensor.offset + count // block * block_bytes)
+    if size < needed:
+        raise ValueError(f"{path}: truncated: {size} of the {needed} bytes its tensors need")
+
+
 def _read(path: str, size: int, mtime_ns: int, wanted: frozenset[str]) -> tuple[dict, list[TensorInfo]]:
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
