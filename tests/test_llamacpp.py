@@ -393,3 +393,16 @@ def test_generate_from_the_command_line_with_gguf_target_and_draft(toy, tmp_path
     assert main(common + ["--target", str(gguf), "--draft", str(directory.parent / "draft")]) == 0  # mixed formats
     assert main(common + ["--target", str(gguf), "--backend", "torch"]) == 2
     assert "runs on llama.cpp" in capsys.readouterr().err
+
+
+def test_the_description_counts_the_files_parameters(tmp_path):
+    """llama.cpp's own size label guesses a family's size from the layer count ("256M" for a 135M
+    SmolLM2, "?B" for the built-in pair): the statistics line gives the count of the file's weights."""
+    from verispec.models.gguf_header import tensor_table
+
+    path = convert(DRAFT_DIR, tmp_path / "draft.gguf", "q8_0")
+    model = LlamaCppModel(path)
+    weights = sum(int(np.prod(t.shape)) for t in tensor_table(path))
+    arch, size, *type_name = model.config.description.split(" ")
+    assert arch == "llama" and type_name and "?" not in size
+    assert size == f"{weights / 1e6:.0f}M", (size, weights)

@@ -110,7 +110,7 @@ class LlamaCppModel:
             max_position_embeddings=int(lib.llama_model_n_ctx_train(handle)),
             eos_token_id=eos if eos >= 0 else None,
             bos_token_id=bos if bos >= 0 else None,
-            description=description.value.decode(errors="replace"),
+            description=_described(description.value.decode(errors="replace"), int(lib.llama_model_n_params(handle))),
         )
         self._spare: Context | None = None
         self.forward_compute_s = 0.0  # seconds inside llama_decode in forward(), ever: the rest of a step is verispec's
@@ -310,3 +310,12 @@ def _argmax_confidence(logits: np.ndarray) -> np.ndarray:
     """[n, 2]: the argmax of each row and its softmax probability, 1 / sum(exp(logits - max))."""
     top = logits.max(axis=-1, keepdims=True)
     return np.stack([logits.argmax(axis=-1), 1.0 / np.exp(logits - top).sum(axis=-1)], axis=-1)
+
+
+def _described(description: str, parameters: int) -> str:
+    """llama.cpp's "ARCH SIZE TYPE" with SIZE counted from the file's tensors: llama.cpp's size label
+    is its guess of the model family's size from the layer count ("256M" for a 135M SmolLM2, "?B")."""
+    arch, _, rest = description.partition(" ")
+    _, _, type_name = rest.partition(" ")
+    count = f"{parameters / 1e6:.0f}M" if parameters < 1e9 else f"{parameters / 1e9:.1f}B"
+    return " ".join(part for part in (arch, count, type_name) if part)
