@@ -217,7 +217,7 @@ def draft_length_parent(refuse_above: bool = True) -> argparse.ArgumentParser:
         help="draft length: tokens proposed per target pass, or 'auto' (default): chosen per pass "
         "from the costs and acceptance seen",
     )
-    refused = "; a fixed --k above it is refused" if refuse_above else ""
+    refused = "; a fixed --k above a --k-max given with it is refused" if refuse_above else ""
     parent.add_argument(
         "--k-max", type=int, default=None, help=f"with --k auto: the longest draft considered (default 8{refused})"
     )
