@@ -547,3 +547,15 @@ def test_convert_quantizes_a_gguf_and_a_directory_with_llama_cpps_quantizer(tmp_
         == 2
     )
     assert "no such GGUF file" in capsys.readouterr().err and not (tmp_path / "c.gguf").exists()
+
+
+def test_a_draft_that_proposes_nothing_is_said_so(pair, capsys):
+    """A draft was given but no token was proposed (issue 66): the line says 0 proposals and why,
+    not "no speculation". Prompt lookup finds nothing to copy in a one-word prompt."""
+    target, _ = pair
+    argv = ["generate", "--prompt", "Hello", "--target", str(target), "--draft", "ngram", "--max-new-tokens", "2"]
+    argv += ["--ignore-eos"]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "no speculation" not in line and "0 proposals in 2 target passes" in line, line
+    assert "the draft had nothing to propose for 2" in line, line

@@ -151,6 +151,7 @@ class Batch:
         self.max_length = max_length or needed
         self.stats = stats if stats is not None else SpecStats()
         self.stats.placeholder_guess |= getattr(drafter, "placeholder_guess", False)
+        self.stats.drafted |= drafter is not None and not self.stats.placeholder_guess
         self.count_requests = count_requests
         self.ids: list = list(range(batch))
         self.logprobs: list[int | None] = [
@@ -394,6 +395,8 @@ class Batch:
         wanted = {row: n for row, (n, on) in enumerate(zip(self.logprobs, self.active)) if n is not None and on}
         done = Iteration(*self.stepper.run(k, self.pending, wanted))
         k, accepted = done.k, done.accepted
+        stats.passes_k0 += cap == 0
+        stats.passes_empty += cap > 0 and k == 0
         stats.draft_time_s += done.draft_s
         stats.target_time_s += done.target_s
         t1 = t0 + done.draft_s
