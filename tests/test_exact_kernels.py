@@ -343,3 +343,35 @@ def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monk
     contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
     assert model.new_cache(1, 8).context.flash
     assert pass_shape_deviation(model, contexts).largest > 0
+
+
+def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decoding(files, draft, monkeypatch):
+    """Flash attention over dot-product weights (Q4_K_M): past SPLIT_KV_FROM a one-token pass puts
+    its placeholder in the spare sequence (context.py `_in_spare`; llama_step.c invariant 4), a KV
+    stream of its own, where it attends to one cell instead of the row's. The row's logits keep the
+    pass shape's invariance at 300 tokens (the control above, with no placeholder, shows the split),
+    and decoding gives the tokens of the placeholder after the token (the spare turned off), plain
+    and speculative, on the Python path and the compiled step."""
+    from verispec.llamacpp import context
+
+    used = []
+    in_spare = context.Context._in_spare
+    monkeypatch.setattr(context.Context, "_in_spare", lambda self, *a: used.append(in_spare(self, *a)) or used[-1])
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    model.flash_attention = True
+    contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    assert model.new_cache(1, 8).context.spare_seq == 1
+    assert pass_shape_deviation(model, contexts).largest == 0.0 and any(used)
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    spare = [generate_all(model, [p], params, None, k=0)[0] for p in contexts]
+    assert generate_all(model, contexts[:1], params, ModelDrafter(draft), k=2)[0] == spare[0]
+    assert generate_all(model, contexts[:1], params, PromptLookupDrafter(), k=3)[0] == spare[0]
+    original = context.Context.__init__
+
+    def without_spare(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.spare_seq = None
+
+    monkeypatch.setattr(context.Context, "__init__", without_spare)
+    model._spare = None
+    assert [generate_all(model, [p], params, None, k=0)[0] for p in contexts] == spare

@@ -65,7 +65,7 @@ class StepArgs(ctypes.Structure):
         ("output", _p),  # int32 [rows, k + 1] out: the committed tokens
         ("num_accepted", _p),  # int32 [rows] out
         ("seconds", _p),  # float64 [2]: grow by the seconds inside the draft's and the target's llama_decode
-        ("invariant", ctypes.c_int32),  # 0: ordinary; 1: flash attention's placeholders; 2: sgemm's; 3: 1 + lone passes
+        ("invariant", ctypes.c_int32),  # 0: ordinary; 1: flash, placeholders (4: a spare sequence); 2: sgemm; 3: lone
         ("taus", _p),  # float32 [rows]: each row's proposal temperature (proposal.py), or NULL: 1 (q itself)
         ("grid_taus", _p),  # float32 [grid_size]: the grid whose acceptance the rule measures
         ("grid_size", ctypes.c_int32),  # 0: none (a fixed tau)

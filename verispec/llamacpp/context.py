@@ -104,9 +104,13 @@ class Context:
     def __init__(self, model: ContextOwner, n_seq: int, n_ctx_seq: int):
         lib = library()
         params = lib.llama_context_default_params()
-        params.n_seq_max = n_seq
+        # flash attention over dot-product weights: a one-token pass past SPLIT_KV_FROM puts its placeholder in a
+        # sequence of its own (`spare_seq`, after the rows), where it attends to its one cell instead of them all
+        spare = model.shape_invariant and model.flash_attention and not model.sgemm_weights and n_seq < MAX_SEQUENCES
+        self.spare_seq = n_seq if spare else None
+        params.n_seq_max = n_seq + spare
         capacity = max(N_BATCH, _TOKENS_PER_ROW * n_seq)
-        params.n_ctx = _cells(n_seq, n_ctx_seq, capacity)
+        params.n_ctx = _cells(n_seq + spare, n_ctx_seq, capacity)
         params.n_batch, params.n_ubatch = capacity, N_BATCH
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
@@ -173,11 +177,14 @@ class Context:
         given = tokens, positions, seqs, outputs
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
+            pad_seq = int(seqs[-1])
+            if self._in_spare(tokens, seqs):  # or alone in the spare sequence (its own KV stream), at its start
+                pad, pad_seq = 0, self.spare_seq
             outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
             tokens, positions, seqs = (
                 np.append(tokens, tokens[-1]),
                 np.append(positions, pad),
-                np.append(seqs, seqs[-1]),
+                np.append(seqs, pad_seq),
             )
         filled = self._fill_gaps(seqs, positions, always=self.invariant)
         if filled is not None:  # placeholders: every sequence in the range with as many tokens, one ubatch
@@ -220,7 +227,7 @@ class Context:
             for seq, position in zip(pads[first], pad_positions[first]):
                 lib.llama_memory_seq_rm(self.memory, int(seq), int(position), -1)
         if pad is not None:
-            lib.llama_memory_seq_rm(self.memory, int(seqs[-1]), int(pad), -1)
+            lib.llama_memory_seq_rm(self.memory, pad_seq, int(pad), -1)
         if read is None:
             return None, inside
         found = np.concatenate(results) if len(results) > 1 else results[0]
@@ -290,6 +297,20 @@ class Context:
         if self.flash and not self.lone_pad and position <= SPLIT_KV_FROM:
             return None
         return position if position < self.n_ctx_seq else None
+
+    def _in_spare(self, tokens: np.ndarray, seqs: np.ndarray) -> bool:
+        """Whether a one-token pass's placeholder goes to the spare sequence: under flash attention over
+        dot-product weights (its placeholder only keeps flash attention from splitting the query's cells,
+        which ggml does for one query of one KV stream), and where the row is the last before the spare
+        (llama.cpp puts consecutive sequence ids with equal counts in one ubatch). The row's logits are
+        those of a pass of several of its positions, bit for bit (benchmarks/spare_sequence_probe.py)."""
+        return (
+            self.spare_seq is not None
+            and self.flash
+            and not self.lone_pad
+            and len(tokens) == 1
+            and int(seqs[0]) == self.spare_seq - 1
+        )
 
     def _fill_gaps(
         self, seqs: np.ndarray, positions: np.ndarray, always: bool = False

@@ -172,7 +172,7 @@ class CompiledStep:
             output=self.output.ctypes.data,
             num_accepted=self.num_accepted.ctypes.data,
             seconds=self.seconds.ctypes.data,
-            invariant=0 if not context.invariant else 2 if not context.flash else 3 if context.lone_pad else 1,
+            invariant=_invariant(context),
             taus=self.taus.ctypes.data if self.proposal is not None else None,
             grid_taus=self.grid_taus.ctypes.data if len(grid) else None,
             grid_size=len(grid),
@@ -385,3 +385,15 @@ class CompiledStep:
         if not sys.is_finalizing():
             for batch in self._batches:
                 self._lib.llama_batch_free(batch)
+
+
+def _invariant(context) -> int:
+    """llama_step.c's `invariant`: 0 ordinary passes; 1 flash attention's placeholders (4: with the spare
+    sequence for a lone row's, context.py's `spare_seq`); 2 sgemm's attention; 3 flash over sgemm's weights."""
+    if not context.invariant:
+        return 0
+    if not context.flash:
+        return 2
+    if context.lone_pad:
+        return 3
+    return 4 if context.spare_seq is not None else 1
