@@ -283,7 +283,7 @@ def test_a_cache_too_large_a_batch_or_a_missing_file_is_a_clear_error(toy_model,
         LlamaCppModel(tmp_path / "absent.gguf")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF not really")
-    with pytest.raises(CheckpointError, match="cannot load"):
+    with pytest.raises(CheckpointError, match="truncated: 15 bytes end inside the GGUF header"):
         LlamaCppModel(bad)
 
 
