@@ -150,8 +150,9 @@ class Batch:
             )
         self.max_length = max_length or needed
         self.stats = stats if stats is not None else SpecStats()
-        self.stats.placeholder_guess |= getattr(drafter, "placeholder_guess", False)
-        self.stats.drafted |= drafter is not None and not self.stats.placeholder_guess
+        guess = getattr(drafter, "placeholder_guess", False)
+        self.stats.placeholder_guess |= guess
+        self.stats.draft_given |= drafter is not None and not guess
         self.count_requests = count_requests
         self.ids: list = list(range(batch))
         self.logprobs: list[int | None] = [

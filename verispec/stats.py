@@ -84,7 +84,7 @@ class SpecStats(RequestStats):
     target_time_s: float = 0.0
     total_time_s: float = 0.0  # prefill included
     placeholder_guess: bool = False  # no draft: the proposals were guesses in padded passes (drafters/placeholder.py)
-    drafted: bool = False  # a drafter was given (not the placeholder's guesser)
+    draft_given: bool = False  # a drafter was given (not the placeholder's guesser)
     passes_k0: int = 0  # target passes for which the policy chose k = 0
     passes_empty: int = 0  # target passes with k > 0 chosen for which the drafter proposed nothing
 
@@ -139,10 +139,10 @@ class SpecStats(RequestStats):
             if plain_step_s is not None:
                 speedup = self.estimated_speedup(plain_step_s)
                 line += f" | speed-up ~{speedup:.2f}x (plain step {plain_step_s * 1000:.1f} ms, profiled)"
-        elif self.drafted:
+        elif self.draft_given:
             line += (
-                f" | 0 proposals in {self.target_passes} target passes: --k auto chose k = 0 for {self.passes_k0},"
-                f" the draft had nothing to propose for {self.passes_empty}"
+                f" | 0 proposals in {self.target_passes} target passes: the draft length chosen was 0 for"
+                f" {self.passes_k0}, the draft had nothing to propose for {self.passes_empty}"
             )
         else:
             line += f" | no speculation, {self.target_passes} target passes"

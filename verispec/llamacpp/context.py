@@ -104,9 +104,11 @@ class Context:
     def __init__(self, model: ContextOwner, n_seq: int, n_ctx_seq: int):
         lib = library()
         params = lib.llama_context_default_params()
+        self.flash = model.shape_invariant and model.flash_attention
+        self.lone_pad = self.flash and model.sgemm_weights  # every pass of one position gets a placeholder
         # flash attention over dot-product weights: a one-token pass past SPLIT_KV_FROM puts its placeholder in a
         # sequence of its own (`spare_seq`, after the rows), where it attends to its one cell instead of them all
-        spare = model.shape_invariant and model.flash_attention and not model.sgemm_weights and n_seq < MAX_SEQUENCES
+        spare = self.flash and not self.lone_pad and n_seq < MAX_SEQUENCES
         self.spare_seq = n_seq if spare else None
         params.n_seq_max = n_seq + spare
         capacity = max(N_BATCH, _TOKENS_PER_ROW * n_seq)
@@ -126,8 +128,6 @@ class Context:
         if self.head is not None:
             params.cb_eval, params.cb_eval_user_data = self.head.eval_callback, self.head.user_data
             params.n_ubatch = capacity
-        self.flash = model.shape_invariant and model.flash_attention
-        self.lone_pad = self.flash and model.sgemm_weights  # every pass of one position gets a placeholder
         params.flash_attn_type = 1 if self.flash else 0
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
@@ -304,13 +304,7 @@ class Context:
         which ggml does for one query of one KV stream), and where the row is the last before the spare
         (llama.cpp puts consecutive sequence ids with equal counts in one ubatch). The row's logits are
         those of a pass of several of its positions, bit for bit (benchmarks/spare_sequence_probe.py)."""
-        return (
-            self.spare_seq is not None
-            and self.flash
-            and not self.lone_pad
-            and len(tokens) == 1
-            and int(seqs[0]) == self.spare_seq - 1
-        )
+        return self.spare_seq is not None and len(tokens) == 1 and int(seqs[0]) == self.spare_seq - 1
 
     def _fill_gaps(
         self, seqs: np.ndarray, positions: np.ndarray, always: bool = False

@@ -41,7 +41,6 @@ def metadata(path: str | Path, keys: tuple[str, ...]) -> dict:
     return _read(str(path), stat.st_size, stat.st_mtime_ns, frozenset(keys))[0]
 
 
-@functools.cache
 def check(path: str | Path) -> None:
     """ValueError, one line, where the file is not a whole GGUF file: empty, another format, a header
     that ends early, or tensor data that ends before its last tensor does (a download cut short)."""
@@ -69,6 +68,7 @@ def check(path: str | Path) -> None:
         raise ValueError(f"{path}: truncated: {size} of the {needed} bytes its tensors need")
 
 
+@functools.cache
 def _read(path: str, size: int, mtime_ns: int, wanted: frozenset[str]) -> tuple[dict, list[TensorInfo]]:
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
