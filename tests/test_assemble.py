@@ -50,7 +50,11 @@ def test_settings_pickle_and_resolve_to_the_built_in_pair():
     assert pickle.loads(pickle.dumps(settings)) == settings
     resolved = settings.resolved()
     assert (resolved.target, resolved.draft) == (str(TARGET_DIR), str(DRAFT_DIR)) and resolved.resolved() is resolved
-    assert Settings(target="t").resolved().draft == "none" and Settings(target="t").draft_spec is None
+    for auto in (Settings(target="t"), Settings(target="t", draft="auto")):  # --draft auto: suffix drafting, said
+        assert auto.draft_spec == "suffix" and "--draft auto: suffix drafting" in auto.resolved().draft_note
+    plain = Settings(target="t", draft="none")
+    assert plain.draft_spec is None and plain.auto_draft is None
+    assert Settings().resolved().draft_note is None  # the built-in pair runs its own draft: nothing to say
     assert Settings(draft="none").draft_spec is None and Settings(target="t", draft="ngram").draft_spec == "ngram"
     assert Settings(target="t", draft="early-exit:2").resolved().backend == "torch"  # it reads the target's layers
     assert Settings(target="t", backend="llamacpp", draft="early-exit:2").resolved().backend == "llamacpp"

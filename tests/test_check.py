@@ -204,3 +204,37 @@ def test_the_check_tests_the_proposal_temperature_in_use(toy, tmp_path, capsys, 
     assert f"draft proposal temperature {report['proposal_tau']:g}" in printed
     betas = [t["beta"] for t in report["tests"]]
     assert report["control"]["passed"] and len(betas) >= 3
+
+
+def test_a_time_limit_or_an_interrupt_prints_every_finished_step(toy, tmp_path, capsys, monkeypatch):
+    """Cut in (b) by --max-seconds (the clock jumps once (d) is done) and in (c) by an interrupt: the finished steps
+    are reported with a verdict on them, the rest named, and the JSON written. Without the fix no report came."""
+    import verispec.analysis.check as check_module
+
+    real_control, real_generate = check_module._control, check_module.generate_all
+
+    def control_then_late(*args):  # (d) finishes, then the limit has passed
+        real_control(*args)
+        monkeypatch.setattr(check_module.time, "perf_counter", lambda: float("inf"))
+
+    monkeypatch.setattr(check_module, "_control", control_then_late)
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--max-seconds", "600")
+    out = capsys.readouterr().out
+    assert code == 0 and report["passed"] and report["cut"] == "the time limit (--max-seconds 600)"
+    assert report["finished"] == ["numerics", "(a)", "(d)"] and report["greedy"] is None and report["tests"]
+    assert "PASSED what was checked" in out and "finished numerics, (a), (d); not finished (b), (c)" in out
+    monkeypatch.undo()
+
+    calls = []
+
+    def interrupted(target, prompts, params, *rest, **kwargs):
+        calls.append(params)
+        if len(calls) == 6:  # the contexts, (b) in two blocks of plain and speculative rows, then (c): Ctrl-C
+            raise KeyboardInterrupt
+        return real_generate(target, prompts, params, *rest, **kwargs)
+
+    monkeypatch.setattr(check_module, "generate_all", interrupted)
+    code, report = _check(toy, tmp_path, "--draft", str(toy[1]), "--seeds", "50")
+    assert report["cut"] == "an interrupt" and report["finished"] == ["numerics", "(a)", "(d)", "(b)"]
+    assert report["invariant"]["rows"] == 50 and "cut by an interrupt" in capsys.readouterr().out
+    assert main(["check", "--max-seconds", "0"]) == 2 and "--max-seconds must be > 0" in capsys.readouterr().err

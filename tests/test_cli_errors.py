@@ -103,7 +103,7 @@ CASES = [
     (["bench", "--prompts", "{number}", *T, "--draft", "{draft}"], 'a "prompt" string', None),
     (["bench", *T], "--prompts", None),
     ([*B[:-2], "--draft", "none"], "bench measures a draft against its target, so --draft none leaves nothing", None),
-    (["bench", "--prompts", "{good}", *T], "so --target without --draft leaves nothing to measure", None),
+    (["bench", "--prompts", "{good}", *T, "--draft", "none"], "so --draft none leaves nothing to measure", None),
     ([*B, "--peer", "vllm"], "invalid choice", None),
     ([*B, "--top-p", "0"], "--top-p must be in (0, 1]", None),
     ([*B, "--seed", "0,x"], "--seed: must be comma-separated integers", None),

@@ -297,6 +297,16 @@ def test_assemble_picks_the_intersection_drafter_and_says_which_mode(builtin):
     assert isinstance(same, ModelDrafter) and len(said) == 1  # the same vocabulary: nothing to say
 
 
+def test_a_draft_that_can_propose_little_of_the_prompt_is_said_not_to_pay(pair):
+    from verispec.drafters.cross_vocab import PROPOSABLE_FLOOR, cannot_pay
+
+    made = drafter(pair)  # the draft has "a", "b", "c" of the target's pieces, not "ab" (3) or "ca" (4)
+    assert made.proposable([[3, 4, 3, 0]]) == 0.25 and made.proposable([[0, 1], [2, 3]]) == 0.75
+    assert "only 25% of the prompt's tokens" in cannot_pay(made, [[3, 4, 3, 0]], "d.gguf") and PROPOSABLE_FLOOR > 0.25
+    assert cannot_pay(made, [[0, 1], [2, 3]], "d.gguf") is None
+    assert cannot_pay(drafter(pair, StringLevelDrafter), [[3, 4, 3, 0]], "string:d.gguf") is None  # drafts text
+
+
 def test_string_prefix_drafts_text_and_is_refused_for_a_shared_tokenizer(builtin):
     from verispec.assemble import Settings, load_drafter
     from verispec.pair import DRAFT_DIR

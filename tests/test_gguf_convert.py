@@ -29,6 +29,7 @@ from verispec.models.checkpoint import (
     save_pretrained,
 )
 from verispec.models.gguf_convert import _permute, cached_gguf, convert, gguf_vocab
+from verispec.models.kernels import cache_root
 from verispec.models.llama import LlamaConfig, LlamaForCausalLM, init_weights
 from verispec.models.toy import byte_level_tokenizer, make_toy_pair
 from verispec.pair import DRAFT_DIR
@@ -259,7 +260,10 @@ def test_cached_gguf_converts_once_per_weights_and_type(toy, tmp_path, monkeypat
     assert cached_gguf(copy, cache_dir=tmp_path / "cache").name.rsplit("-", 2)[1] == digest  # keyed by contents
     assert cached_gguf(changed, cache_dir=tmp_path / "cache").name.rsplit("-", 2)[1] != digest
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("VERISPEC_CACHE", raising=False)
     assert cached_gguf(target).parent == tmp_path / "xdg" / "verispec" / "gguf"
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "one"))  # one variable for every cache, kernels' too
+    assert cached_gguf(target).parent == tmp_path / "one" / "gguf" and cache_root() == tmp_path / "one" / "kernels"
 
 
 def one_line_error(error_type, call):

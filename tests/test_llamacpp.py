@@ -406,3 +406,14 @@ def test_the_description_counts_the_files_parameters(tmp_path):
     arch, size, *type_name = model.config.description.split(" ")
     assert arch == "llama" and type_name and "?" not in size
     assert size == f"{weights / 1e6:.0f}M", (size, weights)
+
+
+def test_a_measurement_made_once_is_said_once(monkeypatch, tmp_path, capsys):
+    from verispec.llamacpp import memo
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    calls = []
+    first = memo.remembered("probe", ["file", 1], lambda: calls.append(1) or {"x": 1}, "the probe of file")
+    assert first == {"x": 1} and "verispec: measuring the probe of file (once" in capsys.readouterr().err
+    assert memo.remembered("probe", ["file", 1], lambda: calls.append(1) or {"x": 2}) == {"x": 1} and calls == [1]
+    assert not capsys.readouterr().err  # remembered: nothing to wait for, nothing said

@@ -215,10 +215,13 @@ def _fresh_load(monkeypatch, tmp_path):
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
 
 
-def test_the_step_compiles_into_the_cache_directory(monkeypatch, tmp_path, pair):
+def test_the_step_compiles_into_the_cache_directory_and_says_so(monkeypatch, tmp_path, capsys, pair):
     _fresh_load(monkeypatch, tmp_path)
     assert llamacpp_step.step_status().startswith("compiled step loaded")
     assert list(tmp_path.glob("kernels/llama_step-*/llama_step.so"))
+    assert "verispec: building the compiled step into" in capsys.readouterr().err  # a first run's wait, said
+    _fresh_load(monkeypatch, tmp_path)
+    assert llamacpp_step.step_status().startswith("compiled step loaded") and not capsys.readouterr().err  # built
 
 
 @pytest.mark.parametrize("setting", ["no compiler", "switched off"])

@@ -62,4 +62,6 @@ def test_the_main_command_needs_no_model_arguments(capsys):
     assert main(["generate", "def quicksort(arr):", "--max-new-tokens", "24", "--ignore-eos"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("def quicksort(arr):") and len("\n".join(out[:-1])) > len("def quicksort(arr):")
-    assert out[-1].startswith("24 tokens in") and "alpha_hat" in out[-1] and "speed-up ~" in out[-1]
+    assert out[-1].startswith("24 tokens in") and "alpha_hat" in out[-1] and "estimated speed-up ~" in out[-1]
+    assert main(["generate", "def quicksort(arr):", "--max-new-tokens", "8", "--k", "3"]) == 0  # a fixed k: one too
+    assert "estimated speed-up ~" in capsys.readouterr().out.splitlines()[-1]

@@ -29,6 +29,8 @@ from .policy import AdaptiveLength, FixedLength
 
 Say = Callable[[str], None]
 NO_DRAFT = "none"
+AUTO_DRAFT = "auto"  # --draft auto (the default): the built-in draft with the built-in target, else suffix drafting
+AUTO_MODEL_FREE = "suffix"  # auto's drafter for a target of the user's: model-free, learns from every request
 MODEL_FREE = ("ngram", "suffix")  # --draft values that load no model: prompt lookup, suffix drafting
 STRING = "string:"  # --draft string:MODEL: a draft of another tokenizer drafting text at T = 0 (string_level.py)
 
@@ -53,8 +55,8 @@ def _quiet(note: str) -> None:
 class Settings:
     """What to load and how. `target` None: the built-in pair's target; `draft` a model directory
     or GGUF file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), 'early-exit:L' (the
-    target's first L layers) or 'none', and None for the default: the built-in draft with the
-    built-in target, else none.
+    target's first L layers), 'none', or 'auto' (None too, the default): the built-in draft with
+    the built-in target, else suffix drafting (`auto_draft`).
     `k` a draft length or 'auto' (`k_max` bounds auto's choice). `resolved()` fills the defaults."""
 
     target: str | None = None
@@ -71,6 +73,7 @@ class Settings:
     confidence_threshold: float = 0.0
     draft_temperature: float | None = None  # a model draft's proposal temperature tau; None: auto (proposal.py)
     extra_drafts: tuple[str, ...] = field(default=(), repr=False)  # other candidates the target must suit (plan)
+    draft_note: str | None = field(default=None, repr=False)  # resolved(): why --draft auto chose the draft it did
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -131,22 +134,33 @@ class Settings:
         draft = self.resolved().draft
         return None if draft == NO_DRAFT else draft
 
+    @property
+    def auto_draft(self) -> str | None:
+        """Why --draft auto chose its drafter, in a line, when it chose one for a target of the user's
+        (None when the user named a draft, or the built-in pair runs its own draft)."""
+        if self.draft not in (None, AUTO_DRAFT) or self.target is None:
+            return None
+        return (
+            f"--draft auto: suffix drafting (model-free: proposes what followed the same text before; --k {self.k} "
+            "backs off where it does not pay; --draft none turns it off)"
+        )
+
     def resolved(self) -> Settings:
         """The same settings with the defaults filled: the built-in pair where no target is given
-        (its draft too, unless `draft` says otherwise), 'none' for no draft, and the torch
+        (its draft too, unless `draft` says otherwise), --draft auto's choice, and the torch
         backend for `auto` when a draft is early exit (it reads the target's own layers)."""
         target, draft = self.target, self.draft
         if target is None:
             from .pair import DRAFT_DIR, TARGET_DIR
 
             target = str(TARGET_DIR)
-            draft = str(DRAFT_DIR) if draft is None else draft
-        draft = NO_DRAFT if draft is None else draft
+            draft = str(DRAFT_DIR) if draft in (None, AUTO_DRAFT) else draft
+        draft = AUTO_MODEL_FREE if draft in (None, AUTO_DRAFT) else draft
         early_exit = any(str(spec).startswith("early-exit:") for spec in (draft, *self.extra_drafts))
         backend = "torch" if self.backend == "auto" and early_exit else self.backend
         if (target, draft, backend) == (self.target, self.draft, self.backend):
             return self
-        return replace(self, target=target, draft=draft, backend=backend)
+        return replace(self, target=target, draft=draft, backend=backend, draft_note=self.auto_draft or self.draft_note)
 
 
 def _is_int(value: object) -> bool:
@@ -198,11 +212,16 @@ def draft_policy(settings: Settings) -> FixedLength | AdaptiveLength:
 
 
 def measured_policy(settings: Settings, target, drafter, rows: int, context_length: int):
-    """(policy, plain step seconds or None): with `--k auto` and a draft, AdaptiveLength with
-    priors from a quick cost profile of these models, so that it chooses well from the start."""
-    if settings.k != "auto" or drafter is None:
+    """(policy, plain step seconds or None): with a draft, a plain step timed for the estimated speed-up, and with
+    `--k auto` AdaptiveLength with priors from a quick cost profile of these models, so that it chooses well from the
+    start."""
+    if drafter is None:
         return draft_policy(settings), None
     from .analysis.profile import profile_costs
+
+    if settings.k != "auto":
+        plain = profile_costs(target, None, 0, batch_size=rows, context_length=context_length, repeats=3)
+        return draft_policy(settings), plain.target_s[0]
 
     profile = profile_costs(
         target,
@@ -267,7 +286,7 @@ def load_model(settings: Settings, path: str, say: Say = _quiet, keep_torch_thre
 def deviation_note(target) -> str | None:
     """A line when a llama.cpp target's logits depend on the pass that computes them (measured
     once per file, build and setting: models/deviation.py); None when they do not."""
-    if not hasattr(target, "shape_invariant"):
+    if not hasattr(target, "shape_invariant") or not target.rolls_back:  # a recurrent model: one pass shape
         return None
     from .llamacpp.deviation import startup_deviation
 
@@ -305,6 +324,9 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
     _check_draft(spec)
     if spec == NO_DRAFT:
         return None
+    if not getattr(target, "rolls_back", True):
+        say(f"{settings.target}: a {target.memory_kind} model cannot forget rejected positions: plain decoding")
+        return None
     parts = combined(spec)
     if parts:
         from .drafters.combined import CombinedDrafter
@@ -336,6 +358,8 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
 
     path = model_spec(spec)
     draft = load_model(settings, path, say)
+    if not getattr(draft, "rolls_back", True):
+        raise ValueError(f"--draft {spec}: a {draft.memory_kind} model cannot forget rejected positions: no draft")
     if hasattr(draft, "shape_invariant"):
         draft.shape_invariant = False  # only the target's logits must not depend on the pass
     if vocabularies_differ(settings.target, path):
@@ -401,6 +425,8 @@ def load_parts(settings: Settings, say: Say = _quiet) -> Parts:
     settings = settings.resolved()
     target, tokenizer = load_target(settings, say)
     drafter = load_drafter(settings, target, say)
+    if drafter is not None and settings.draft_note:
+        say(settings.draft_note)
     return Parts(settings, target, tokenizer, drafter, draft_policy(settings), eos_ids(target))
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams
-from .drafters.base import Drafter
+from .drafters.base import Drafter, check_rollback
 from .drafters.placeholder import placeholder_guess
 from .models.rows import extend_rows, prefill_rows
 from .policy import DraftLengthPolicy, FixedLength, split_for
@@ -123,6 +123,7 @@ class Batch:
         policy = k if isinstance(k, DraftLengthPolicy) else FixedLength(k)  # validates an int k
         if drafter is None:  # plain; on a target that pads one-position passes, a guess in the placeholder
             drafter, policy = placeholder_guess(target)
+        check_rollback(target, drafter)  # a recurrent target or draft cannot verify: refused, never a wrong token
         policy = split_for(policy, drafter)  # a combined draft under auto: an arm per kind of pass
         empty = (
             capacity is not None

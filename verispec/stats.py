@@ -138,7 +138,7 @@ class SpecStats(RequestStats):
             )
             if plain_step_s is not None:
                 speedup = self.estimated_speedup(plain_step_s)
-                line += f" | speed-up ~{speedup:.2f}x (plain step {plain_step_s * 1000:.1f} ms, profiled)"
+                line += f" | estimated speed-up ~{speedup:.2f}x (a plain step profiled at {plain_step_s * 1000:.1f} ms)"
         elif self.draft_given:
             line += (
                 f" | 0 proposals in {self.target_passes} target passes: the draft length chosen was 0 for"

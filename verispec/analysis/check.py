@@ -20,7 +20,9 @@ Owns `run_check` and its four parts, each a pass/fail with the numbers behind it
 (d) the negative control: (a) again at its least accepted position with a planted bug
     (the recovered token drawn from p instead of normalize(max(p - q, 0))) must fail.
 A deterministic drafter (prompt lookup) has q one-hot at its proposal; positions where it
-proposes nothing are not tested. Knows nothing of the command line.
+proposes nothing are not tested. Each step and row says what it does on `progress`; a time limit
+(`max_seconds`) or an interrupt ends the check between verifications, and the report then holds
+every finished step and names the rest (`CheckReport.cut`). Knows nothing of the command line.
 """
 
 from __future__ import annotations
@@ -44,13 +46,26 @@ from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
 from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
 
-DRAWS_X_VOCAB = (
-    200_000 * 8192
-)  # the default draws per position: as many as fit this work (the built-in vocabulary: 200,000)
-CHUNK = (
-    256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) for malloc to reuse
-)
+DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (built-in vocabulary: 200k)
+CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) to reuse
 COMPARED = 8  # prompts of the comparisons (b) and (c)
+INVARIANT_BLOCK = 25  # (b)'s seeded rows per batch: progress, and the time limit, between blocks
+
+
+class Cut(Exception):
+    """The check's time limit passed."""
+
+
+class _Clock:
+    """A check's time limit: `tick()` raises Cut once `max_seconds` have passed (None: no limit)."""
+
+    def __init__(self, max_seconds: float | None):
+        self.started = time.perf_counter()
+        self.deadline = None if max_seconds is None else self.started + max_seconds
+
+    def tick(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise Cut
 
 
 @dataclass
@@ -79,11 +94,17 @@ class CheckReport:
     deviation: dict | None = None  # the engine's pass-shape deviation over the contexts (llamacpp.deviation)
     proposal_tau: float | None = None  # the draft's proposal temperature that (a) tested (proposal.py)
     seconds: float = 0.0
+    steps: list[str] = field(default_factory=list)  # the steps planned, in order
+    finished: list[str] = field(default_factory=list)  # the steps finished
+    cut: str | None = None  # what ended the check before its last step (a time limit, an interrupt)
 
     @property
     def passed(self) -> bool:
+        """Every finished step passed (after a cut: a verdict on what was checked, if anything was)."""
         parts = [all(t.passed for t in self.tests)]
         parts += [part["passed"] for part in (self.invariant, self.greedy, self.control) if part is not None]
+        if self.cut is not None:
+            return all(parts) and bool(self.finished or self.tests)
         return all(parts) and (bool(self.tests) or self.settings["temperature"] == 0)
 
     def to_dict(self) -> dict:
@@ -121,14 +142,22 @@ def _chain(target, drafter, context: list[int], k: int, sampling: RowSampling):
 
 
 def verify_position(
-    p: torch.Tensor, q: torch.Tensor | None, proposal: int, params: SamplingParams, n: int, seed: int, mode: str
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    proposal: int,
+    params: SamplingParams,
+    n: int,
+    seed: int,
+    mode: str,
+    tick: Callable[[], None] = lambda: None,
 ) -> tuple[np.ndarray, int]:
     """n verifications of one position with target distribution p [V] and draft distribution q
     [V] (None: q one-hot at `proposal`), in chunks, each row its own stream: (counts of the
-    committed token [V], acceptances)."""
+    committed token [V], acceptances). `tick` runs before each chunk (a time limit)."""
     vocab = p.shape[-1]
     counts, accepted = np.zeros(vocab, dtype=np.int64), 0
     for start in range(0, n, CHUNK):
+        tick()
         rows = min(CHUNK, n - start)
         seeds = [row_seed(seed, b) for b in range(start, start + rows)]
         target_probs = p.expand(rows, 2, vocab)  # position i and (unused) i + 1
@@ -200,41 +229,52 @@ def run_check(
     seeds: int = 200,
     max_new_tokens: int = 16,
     progress: Callable[[str], None] | None = None,
+    max_seconds: float | None = None,
 ) -> CheckReport:
     """All four parts on the prompts (token ids), each continued greedily by the target for 16
     tokens: (a) on the first `contexts` where the drafter proposes, (b) and (c) on the first
     COMPARED. `params` holds the user's settings (temperature, top-k, top-p, min-p, sampling
-    mode, seed); `drafter` is a fresh drafter (it is reused across parts)."""
-    started = time.perf_counter()
+    mode, seed); `drafter` is a fresh drafter (it is reused across parts). Past `max_seconds`, or
+    on an interrupt, the report holds the steps finished and says what cut it."""
+    clock = _Clock(max_seconds)
     n = n or default_draws(target.vocab_size)
+    report = CheckReport(settings=asdict(params), draws=n)
+    report.steps = ["numerics"] + ([] if params.greedy else ["(a)", "(d)", "(b)"]) + ["(c)"]
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, len(os.sched_getaffinity(0))))  # (a) and (d) are torch's work alone
     try:
-        return _run_check(target, drafter, prompts, params, contexts, k, n, seeds, max_new_tokens, progress, started)
+        _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max_new_tokens, progress, clock)
+    except Cut:
+        report.cut = f"the time limit (--max-seconds {max_seconds:g})"
+    except KeyboardInterrupt:
+        report.cut = "an interrupt"
     finally:
         torch.set_num_threads(threads)
+    report.seconds = time.perf_counter() - clock.started
+    return report
 
 
-def _run_check(
-    target, drafter, prompts, params, contexts, k, n, seeds, max_new_tokens, progress, started
-) -> CheckReport:
+def _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max_new_tokens, progress, clock) -> None:
     say = progress or (lambda message: None)
+    n, tick = report.draws, clock.tick
     seed = params.seed if params.seed is not None else 0
-    report = CheckReport(settings=asdict(params), draws=n)
     greedy = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     say(f"contexts: {len(prompts)} prompts, each continued by 16 greedy tokens of the target")
     prompts = [c + t for c, t in zip(prompts, generate_all(target, prompts, replace(greedy, max_new_tokens=16)))]
+    tick()
     say(
         f"pass-shape deviation: {min(COMPARED, len(prompts))} contexts, one-position passes against 4-position, 2-row "
         "and large-cache passes"
     )
     deviation = pass_shape_deviation(target, prompts[:COMPARED])
     report.deviation = {**asdict(deviation), "largest": deviation.largest}
+    tick()
     if getattr(target, "shape_invariant", False):  # llama.cpp with exact kernels: what its default settings would give
         from ..llamacpp.deviation import default_settings_deviation
 
         say("pass-shape deviation under llama.cpp's default kernels (--exact-kernels off), in a fresh process")
         report.deviation["llama_cpp_defaults"] = default_settings_deviation(target, prompts[:COMPARED])
+    report.finished.append("numerics")
     single = RowSampling(replace(params, seed=seed), 1)
     least = None  # (beta, context, position, p, q, proposal) of the least accepted position
     if params.greedy:
@@ -244,6 +284,7 @@ def _run_check(
         for c, context in enumerate(prompts):
             if len(chains) == contexts:
                 break
+            tick()
             proposals, p, q = _chain(target, drafter, context, k, single)
             if len(proposals) < k:
                 report.skipped.append(
@@ -257,63 +298,20 @@ def _run_check(
             q = q if q is None or tau in (None, 1) else sharpen(q, tau)  # the distribution the draft proposes from
             for i, proposal in enumerate(proposals):
                 qi = None if q is None else q[i]
-                say(f"(a) context {c + 1}, position {i + 1}: {n:,} verifications")
+                say(f"(a) context {c + 1}, position {i + 1} of {len(proposals)}: {n:,} verifications")
                 counts, accepted = verify_position(
-                    p[i], qi, proposal, params, n, row_seed(seed, 1000 * c + i), params.sampling
+                    p[i], qi, proposal, params, n, row_seed(seed, 1000 * c + i), params.sampling, tick
                 )
                 test = _test(c, i + 1, None if qi is not None else proposal, p[i], qi, counts, accepted, n)
                 report.tests.append(test)
                 if least is None or test.beta < least[0]:
                     least = (test.beta, c, i + 1, p[i], qi, proposal)
+        report.finished.append("(a)")
     if least is not None:  # (d): the same test with the planted bug, where it shows most
-        beta, c, position, p, q, proposal = least
-        q = (
-            q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()
-        )  # the residual path
-        say(
-            f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens "
-            "drawn from p"
-        )
-        with _residual_from_p():
-            counts, accepted = verify_position(p, q, proposal, params, n, row_seed(seed, 999_999), "rejection")
-        test = _test(c, position, None, p, q, counts, accepted, n)
-        planted = 0.5 * float(
-            (torch.minimum(p, q) + (1 - beta) * p - p).abs().sum()
-        )  # TV of the buggy rule's output from p
-        report.control = {
-            "context": c,
-            "position": position,
-            "beta": beta,
-            "planted_tv": planted,
-            "statistic": test.statistic,
-            "df": test.df,
-            "threshold": test.threshold,
-            "detectable_tv": test.detectable_tv,
-            "passed": not test.passed,
-        }
+        _control(report, least, params, n, seed, say, tick)
     if not params.greedy:
-        say(f"(b) invariant mode: {seeds} seeded rows, speculative against plain, {max_new_tokens} tokens")
-        rows = [prompts[b % min(COMPARED, len(prompts))] for b in range(seeds)]
-        invariant = [
-            replace(params, sampling="invariant", seed=seed + b, max_new_tokens=max_new_tokens) for b in range(seeds)
-        ]
-        plain = generate_all(target, rows, invariant)
-        spec = generate_all(target, rows, invariant, drafter, k=k)
-        gaps = [
-            _gap(target, rows[b], a, b_tokens, invariant[b])
-            for b, (a, b_tokens) in enumerate(zip(plain, spec))
-            if a != b_tokens
-        ]
-        movable = (
-            4 * deviation.largest / params.temperature
-        )  # log p + G moves by at most 4 delta / T when each logit moves by delta
-        report.invariant = {
-            "rows": seeds,
-            "equal": seeds - len(gaps),
-            "near_ties": sum(g <= movable for g in gaps),
-            "gaps": gaps,
-            "passed": all(g <= movable for g in gaps),
-        }
+        _invariant(report, target, drafter, prompts, params, k, seeds, max_new_tokens, deviation, say, tick)
+    tick()
     say(f"(c) greedy: {min(COMPARED, len(prompts))} prompts, speculative against plain, {max_new_tokens} tokens")
     plain = generate_all(target, prompts[:COMPARED], greedy)
     spec = generate_all(target, prompts[:COMPARED], greedy, drafter, k=k)
@@ -325,8 +323,62 @@ def _run_check(
         "gaps": gaps,
         "passed": all(g <= 2 * deviation.largest for g in gaps),
     }
-    report.seconds = time.perf_counter() - started
-    return report
+    report.finished.append("(c)")
+
+
+def _control(report, least, params, n, seed, say, tick) -> None:
+    """(d): (a)'s test at its least accepted position with the recovered token drawn from p: it must fail."""
+    beta, c, position, p, q, proposal = least
+    q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()  # the residual
+    say(f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens from p")
+    with _residual_from_p():
+        counts, accepted = verify_position(p, q, proposal, params, n, row_seed(seed, 999_999), "rejection", tick)
+    test = _test(c, position, None, p, q, counts, accepted, n)
+    planted = 0.5 * float((torch.minimum(p, q) + (1 - beta) * p - p).abs().sum())  # TV of the buggy rule's output
+    report.control = {
+        "context": c,
+        "position": position,
+        "beta": beta,
+        "planted_tv": planted,
+        "statistic": test.statistic,
+        "df": test.df,
+        "threshold": test.threshold,
+        "detectable_tv": test.detectable_tv,
+        "passed": not test.passed,
+    }
+    report.finished.append("(d)")
+
+
+def _invariant(report, target, drafter, prompts, params, k, seeds, max_new_tokens, deviation, say, tick) -> None:
+    """(b): seeded rows in invariant mode, speculative against plain, in blocks (each row's text depends on its seed
+    alone), `report.invariant` kept up to date after each block."""
+    seed = params.seed if params.seed is not None else 0
+    rows = [prompts[b % min(COMPARED, len(prompts))] for b in range(seeds)]
+    invariant = [
+        replace(params, sampling="invariant", seed=seed + b, max_new_tokens=max_new_tokens) for b in range(seeds)
+    ]
+    movable = 4 * deviation.largest / params.temperature  # log p + G moves by at most 4 delta / T (each logit delta)
+    gaps, started = [], time.perf_counter()
+    for start in range(0, seeds, INVARIANT_BLOCK):
+        tick()
+        block = slice(start, min(start + INVARIANT_BLOCK, seeds))
+        left = "" if start == 0 else f", about {(time.perf_counter() - started) * (seeds - start) / start:.0f} s left"
+        say(f"(b) invariant mode: seeded rows {block.start + 1}-{block.stop} of {seeds}, {max_new_tokens} tokens{left}")
+        plain = generate_all(target, rows[block], invariant[block])
+        spec = generate_all(target, rows[block], invariant[block], drafter, k=k)
+        gaps += [
+            _gap(target, rows[start + b], a, b_tokens, invariant[start + b])
+            for b, (a, b_tokens) in enumerate(zip(plain, spec))
+            if a != b_tokens
+        ]
+        report.invariant = {
+            "rows": block.stop,
+            "equal": block.stop - len(gaps),
+            "near_ties": sum(g <= movable for g in gaps),
+            "gaps": gaps,
+            "passed": all(g <= movable for g in gaps),
+        }
+    report.finished.append("(b)")
 
 
 def _gap(target, prompt: list[int], plain: list[int], spec: list[int], params: SamplingParams) -> float:
@@ -416,19 +468,30 @@ def format_report(report: CheckReport) -> list[str]:
             else ""
         )
         lines.append(
-            f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}: "
+            f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}"
+            + ("" if "(b)" in report.finished else " (before the cut)")
+            + ": "
             f"{'pass' if i['passed'] else 'FAIL'}"
         )
     g = report.greedy
-    ties = (
-        f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
-        + ", ".join(f"{x:.1e}" for x in g["gaps"])
-        + ")"
-        if g["near_ties"]
-        else ""
-    )
+    if g is not None:
+        ties = (
+            f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
+            + ", ".join(f"{x:.1e}" for x in g["gaps"])
+            + ")"
+            if g["near_ties"]
+            else ""
+        )
+        lines.append(
+            f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
+        )
+    if report.cut is None:
+        lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
+        return lines
+    left = [step for step in report.steps if step not in report.finished]
+    checked = ", ".join(report.finished) or "nothing"
+    verdict = "PASSED what was checked" if report.passed else "FAILED" if report.finished or report.tests else "NOT RUN"
     lines.append(
-        f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
+        f"{verdict} in {report.seconds:.0f} s, cut by {report.cut}: finished {checked}; not finished " + ", ".join(left)
     )
-    lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
     return lines

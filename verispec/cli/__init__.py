@@ -12,13 +12,13 @@ import argparse
 
 from .. import __version__
 from ..models.checkpoint import CheckpointError
-from . import analysis, generate, models, serve, train
+from . import analysis, check, generate, models, serve, train
 from .common import FileError, Parser, contradiction, fail, flag_names
 
 _COMMANDS = {
     "generate": generate.run,
     "plan": analysis.plan,
-    "check": analysis.check,
+    "check": check.run,
     "quantize": models.quantize,
     "profile": analysis.profile,
     "bench": analysis.bench,

@@ -1,12 +1,12 @@
-"""The measuring commands: `bench` (and its --peer comparisons), `plan`, `profile`, `check` and `perplexity`. Each
-parses, loads its parts through assemble, calls verispec.analysis and prints (the long tables: cli/reports.py).
+"""The measuring commands: `bench` (and its --peer comparisons), `plan`, `profile` and `perplexity` (`check`: check.py).
+Each parses, loads its parts through assemble, calls verispec.analysis and prints (the long tables: cli/reports.py).
 Knows nothing of how models are loaded or measured."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
+from dataclasses import replace
 from pathlib import Path
 
 from .. import assemble
@@ -18,7 +18,7 @@ from ..analysis.llamacpp_program import (
     parse_ngram_types,
 )
 from ..config import SamplingParams
-from . import reports
+from . import check, reports
 from .common import (
     TARGET_HELP,
     check_directory,
@@ -37,17 +37,19 @@ from .common import (
     settings_from,
     temperatures,
     truncation_parent,
+    write_json,
 )
 
 PROFILED_HELP = (
     "draft model directory, .gguf file or preset name: profile times a model's passes (not 'ngram', 'suffix' "
-    "or 'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target"
+    "or 'early-exit:L'; 'none': the target alone); default: the built-in draft with the built-in target, else none"
 )
 PROMPTS_HELP = 'JSON lines, one {"prompt": "..."} per line'
 MEASURED_HELP = (
     "the draft measured: a directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), "
     "'early-exit:L' (the target's first L layers) or 'string:MODEL' (another tokenizer's draft drafting text at "
-    "T = 0) ('none' leaves nothing to measure); default: the built-in draft with the built-in target"
+    "T = 0) ('none' leaves nothing to measure); default 'auto': the built-in draft with the built-in target, "
+    "else 'suffix'"
 )
 
 
@@ -71,38 +73,7 @@ def add_parsers(commands) -> None:
     adv.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
     adv.add_argument("--json", metavar="OUT", help="write the report here")
 
-    chk = commands.add_parser(
-        "check",
-        help="certify that decoding is lossless on your target, draft and settings (exit 0: all passed)",
-        parents=[models_parent(draft=MEASURED_HELP), sampling_parent(temperature=1.0), draft_options_parent()],
-    )
-    chk.add_argument("--prompts", help=f"{PROMPTS_HELP} (default: the built-in held-out prompts)")
-    chk.add_argument(
-        "--contexts",
-        type=int,
-        default=1,
-        help="prompts whose continuations are the contexts of the distribution tests: the first where the "
-        "draft proposes (default 1; each of the k positions is a context of its own)",
-    )
-    chk.add_argument(
-        "--k",
-        type=int,
-        default=4,
-        help="draft length: the draft positions tested per context, and the length of (b) and (c) (default 4)",
-    )
-    chk.add_argument(
-        "--draws",
-        type=int,
-        default=None,
-        help="verifications per position (default 200000 at a vocabulary "
-        "of 8192 or less, fewer for a larger one, at least 20000; at least 1000)",
-    )
-    chk.add_argument(
-        "--seeds", type=int, default=200, help="seeded rows of the invariant-mode comparison (default 200)"
-    )
-    chk.add_argument("--max-new-tokens", type=int, default=16, help="tokens per row in the comparisons (default 16)")
-    chk.add_argument("--seed", type=seed, default=0, help="sampling seed of every draw (default 0)")
-    chk.add_argument("--json", metavar="OUT", help="write the report here")
+    check.add_parser(commands, MEASURED_HELP, PROMPTS_HELP)
 
     prof = commands.add_parser(
         "profile",
@@ -296,7 +267,7 @@ def _peer_hf(args: argparse.Namespace, settings: assemble.Settings) -> int:
         load=load,
     )
     print("\n".join(reports.peer_hf_lines(result, args.max_new_tokens, args.repeats)))
-    _write_json(args.json, result)
+    write_json(args.json, result)
     return 0
 
 
@@ -327,14 +298,8 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         suffix=args.peer_suffix,
     )
     print("\n".join(reports.peer_llamacpp_lines(result, args.max_new_tokens, args.repeats, args.confidence_threshold)))
-    _write_json(args.json, result)
+    write_json(args.json, result)
     return 0
-
-
-def _write_json(path: str | None, report: dict) -> None:
-    if path:
-        Path(path).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {path}")
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -360,53 +325,8 @@ def plan(args: argparse.Namespace) -> int:
     params = sampling_from(args, max_new_tokens=args.max_new_tokens)
     report = run_plan(target, drafts, prompts, params, args.k_max, progress=progress("plan"))
     print("\n".join(reports.plan_lines(report)))
-    _write_json(args.json, report)
+    write_json(args.json, report)
     return 0
-
-
-def check(args: argparse.Namespace) -> int:
-    from ..analysis.check import format_report, run_check
-
-    draws = 1000 if args.draws is None else args.draws
-    for flag, value, least in (
-        ("--contexts", args.contexts, 1),
-        ("--k", args.k, 1),
-        ("--draws", draws, 1000),
-        ("--seeds", args.seeds, 1),
-        ("--max-new-tokens", args.max_new_tokens, 1),
-    ):
-        if value < least:
-            return fail(f"{flag} must be >= {least}, got {value}")
-    if args.json is not None:
-        check_writable(args.json, "--json")
-    params = sampling_from(args)
-    from ..pair import HELDOUT_PROMPTS
-
-    prompts_file = str(HELDOUT_PROMPTS) if args.prompts is None else args.prompts
-    texts = read_prompts(prompts_file, None)
-    settings = settings_from(args)
-    needs_draft(settings, "check")
-    say = assemble.to_stderr()
-    target, tokenizer = assemble.load_target(settings, say)
-    drafter = assemble.load_drafter(settings, target, say)
-    prompts = [ids for ids in (tokenizer.encode(text).ids for text in texts) if ids]
-    if len(prompts) < args.contexts:
-        return fail(f"{prompts_file}: {len(prompts)} non-empty prompts, fewer than --contexts {args.contexts}")
-    report = run_check(
-        target,
-        drafter,
-        prompts,
-        params,
-        contexts=args.contexts,
-        k=args.k,
-        n=args.draws,
-        seeds=args.seeds,
-        max_new_tokens=args.max_new_tokens,
-        progress=progress("check", always=True),
-    )
-    print("\n".join(format_report(report)))
-    _write_json(args.json, report.to_dict())
-    return 0 if report.passed else 1
 
 
 def profile(args: argparse.Namespace) -> int:
@@ -426,7 +346,10 @@ def profile(args: argparse.Namespace) -> int:
             "--compare-quantized compares verispec's PyTorch int8/int4 formats (--backend torch); "
             "for llama.cpp's types, profile each --gguf-type"
         )
-    settings = settings_from(args, backend="torch" if args.compare_quantized else args.backend).resolved()
+    settings = settings_from(args, backend="torch" if args.compare_quantized else args.backend)
+    if settings.auto_draft:  # a target of the user's and no --draft: the target alone (auto's drafter runs no model)
+        settings = replace(settings, draft="none")
+    settings = settings.resolved()
     say = assemble.to_stderr()
     target = assemble.load_profiled(settings, settings.target, say)
     draft = assemble.load_profiled(settings, settings.draft_spec, say) if settings.draft_spec else None

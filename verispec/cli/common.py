@@ -12,6 +12,7 @@ repetitions of a measurement, --json an output file. Knows nothing of models.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -147,7 +148,7 @@ TARGET_HELP = (
 DRAFT_HELP = (
     "draft model directory or .gguf file, 'ngram' (prompt lookup), 'suffix' (suffix drafting), 'early-exit:L' "
     "(the target's first L layers), 'string:MODEL' (a draft of another tokenizer drafting text at T = 0) or "
-    "'none' (no speculation); default: the built-in draft with the built-in target, else none"
+    "'none' (no speculation); default 'auto': the built-in draft with the built-in target, else suffix drafting"
 )
 
 
@@ -309,6 +310,13 @@ def needs_draft(settings: Settings, command: str) -> None:
 
 
 # ---- files
+
+
+def write_json(path: str | None, report: dict) -> None:
+    """A command's --json report, if asked for, and a line saying where."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {path}")
 
 
 def check_writable(path: str, flag: str) -> None:

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from .. import assemble
+from ..drafters.cross_vocab import cannot_pay
 from ..engine import Batch
 from ..server.protocol import find_stop, safe_prefix
 from ..stats import SpecStats
@@ -98,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         target, prompt_ids, budgets if isinstance(params, list) else args.max_new_tokens
     )  # before the profile
     rows = len(prompt_ids)
+    for note in (cannot_pay(drafter, prompt_ids, settings.draft), drafter is not None and settings.draft_note):
+        if note:  # after every check of the input: an error stays one line
+            say(note)
     longest_k = max(settings.k_max, settings.k if isinstance(settings.k, int) else 0)
     assemble.prepare_engine(target, drafter, rows * (longest_k + 1), rows * 2)
     context = max(map(len, prompt_ids)) + max(budgets) // 2

@@ -80,7 +80,8 @@ def add_parsers(commands) -> None:
             models_parent(
                 target="target model of the servers started here; default: the built-in pair",
                 draft="draft model of the servers started here (not of plain): a directory or .gguf file, "
-                "'ngram', 'suffix', 'early-exit:L' or 'none'; default: the built-in draft with the built-in target",
+                "'ngram', 'suffix', 'early-exit:L' or 'none'; default 'auto': the built-in draft with the "
+                "built-in target, else suffix drafting",
             )
         ],
     )

@@ -78,3 +78,14 @@ def is_lookup(drafter) -> bool:
     """A model-free drafter whose proposals are deterministic (q one-hot) and that can say which it stands
     behind (`confident(k)`): drafters/ngram.py, drafters/suffix.py."""
     return hasattr(drafter, "confident") and not hasattr(drafter, "own_model")
+
+
+def check_rollback(target, drafter) -> None:
+    """A ValueError where speculation would need a model to forget rejected positions and it cannot: a recurrent or
+    hybrid llama.cpp model (`rolls_back` False) keeps one state per sequence, not a cell per position."""
+    for role, model in (("target", target), ("draft", getattr(drafter, "model", None))):
+        if drafter is not None and model is not None and not getattr(model, "rolls_back", True):
+            raise ValueError(
+                f"{model.path}: a {model.memory_kind} model cannot forget rejected positions, so it cannot be a "
+                f"speculative {role} (decode it plainly: no draft)"
+            )

@@ -138,6 +138,12 @@ class TokenIntersectionDrafter:
             line += f", share of the draft's probability mass {share:.3f} on the prompts"
         return line
 
+    def proposable(self, prompts: list[list[int]]) -> float:
+        """The share of the prompts' tokens (target ids) that this draft can propose (in the intersection): where the
+        target writes text as it tokenized the prompts, about the most the draft's acceptance can reach."""
+        ids = torch.tensor([token for prompt in prompts for token in prompt], dtype=torch.long)
+        return float((self.intersection.to_draft.cpu()[ids] >= 0).float().mean()) if len(ids) else 1.0
+
     @torch.no_grad()
     def chain(self, context: list[int], k: int, sampling: RowSampling) -> tuple[list[int], torch.Tensor]:
         """Along the most likely proposals after `context` (target ids): (proposals [k] target
@@ -298,3 +304,19 @@ def intersection_mass(model, draft_text: TokenText, inter: TokenIntersection, te
     if not shares:
         raise ValueError("no prompt text to measure the intersection's share of the draft's probability on")
     return float(torch.cat(shares).mean())
+
+
+PROPOSABLE_FLOOR = 0.5  # a draft of another tokenizer that can propose less of the prompts' tokens is said not to pay
+
+
+def cannot_pay(drafter, prompts: list[list[int]], spec: str) -> str | None:
+    """A line, before decoding, where a token-level intersection draft can propose less than PROPOSABLE_FLOOR of the
+    prompts' tokens as the target tokenizes them (its acceptance is at most about that share)."""
+    share = drafter.proposable(prompts) if type(drafter) is TokenIntersectionDrafter else 1.0  # not string-level
+    if share >= PROPOSABLE_FLOOR:
+        return None
+    return (
+        f"--draft {spec}: it can propose only {share:.0%} of the prompt's tokens as the target tokenizes them, so it "
+        "accepts at most about that: likely slower than plain decoding (`verispec plan` measures it; "
+        "--draft suffix needs no model)"
+    )

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models.kernels import cache_root
+from ..paths import notice
 from .lib import cpu_flags, library
 
 _SOURCE = Path(__file__).resolve().parent / "llama_step.c"
@@ -152,6 +153,7 @@ def _build() -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    notice(f"building the compiled step into {target.parent} (once per llama.cpp build; about 20 s)")
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     objects = [f"{partial}.{source.stem}.o" for source in _SOURCES if source.suffix == ".c"]
     compile_each = [

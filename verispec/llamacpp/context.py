@@ -129,6 +129,7 @@ class Context:
             params.cb_eval, params.cb_eval_user_data = self.head.eval_callback, self.head.user_data
             params.n_ubatch = capacity
         params.flash_attn_type = 1 if self.flash else 0
+        params.swa_full = True  # sliding-window layers keep every cell: a rollback finds what the window reads again
         self.weights = model.weights  # freed after this context
         self.ptr = lib.llama_init_from_model(model.weights.handle, params)
         if not self.ptr:
@@ -391,8 +392,8 @@ class LlamaCppCache(CacheLengths):
         self.check_rollback(lengths)
         before = self._host_lengths
         for seq, old, new in zip(self.seqs, before, lengths):
-            if new < old:
-                library().llama_memory_seq_rm(self.context.memory, seq, new, -1)
+            if new < old and not library().llama_memory_seq_rm(self.context.memory, seq, new, -1):
+                raise RuntimeError(f"llama.cpp could not roll sequence {seq} back from {old} to {new} positions")
         self._host_lengths = list(lengths)
 
     def keep_rows(self, rows: list[int]) -> None:

@@ -98,7 +98,8 @@ def startup_deviation(model) -> Deviation:
         model.n_threads,
     ]
     contexts = [_synthetic_context(model.vocab_size), _synthetic_context(model.vocab_size, 33)[::-1]]
-    return Deviation(**memo.remembered("deviation", parts, lambda: asdict(pass_shape_deviation(model, contexts))))
+    what = f"the logit gap between pass shapes of {Path(model.path).name}"
+    return Deviation(**memo.remembered("deviation", parts, lambda: asdict(pass_shape_deviation(model, contexts)), what))
 
 
 _DEFAULTS_CHILD = """

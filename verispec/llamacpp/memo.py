@@ -17,10 +17,12 @@ import os
 from collections.abc import Callable
 
 from ..models.kernels import cache_root
+from ..paths import notice
 from .lib import cpu_name, system_info
 
 
-def remembered(kind: str, parts: list, compute: Callable[[], dict]) -> dict:
+def remembered(kind: str, parts: list, compute: Callable[[], dict], what: str = "") -> dict:
+    """`compute()`, or what it gave before for the same parts; `what` (a phrase) is said before computing."""
     key = hashlib.sha256(json.dumps([*parts, system_info(), cpu_name()]).encode()).hexdigest()[:20]
     memo = cache_root().parent / kind / f"{key}.json"
     memo.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +32,7 @@ def remembered(kind: str, parts: list, compute: Callable[[], dict]) -> dict:
             return json.loads(memo.read_text())
         except (OSError, ValueError):
             pass
+        notice(f"measuring {what or kind} (once for this file and CPU, then remembered)")
         found = compute()
         if found.get("remember", True) is False:  # the measurement asks not to be kept
             return found

@@ -97,6 +97,12 @@ class LlamaCppModel:
             raise CheckpointError(f"{path}: llama.cpp cannot load it: {log_tail() or 'unknown error'}")
         self.weights = _Weights(handle)
         self.path = path
+        # a recurrent or hybrid model (Mamba, RWKV, Jamba, ...) keeps a state per sequence, not a cell per position:
+        # it cannot forget rejected positions, so it decodes plainly (assemble.load_drafter) in one pass shape
+        recurrent, hybrid = lib.llama_model_is_recurrent(handle), lib.llama_model_is_hybrid(handle)
+        self.memory_kind = "recurrent" if recurrent else "hybrid" if hybrid else ""
+        self.rolls_back = not self.memory_kind
+        self.shape_invariant = self.shape_invariant and self.rolls_back
         self.n_threads = min(n_threads or default_threads(), default_threads())
         self.kv_type = kv_type
         self.vocab = lib.llama_model_get_vocab(handle)
@@ -119,8 +125,8 @@ class LlamaCppModel:
     def flash_attention(self) -> bool:
         """Whether shape-invariant contexts run flash attention (context.py's placeholder rules); chosen once
         (regime.py: by file type, or measured), when a shape-invariant context first asks (a draft's
-        never does)."""
-        return regime.flash_for(self)
+        never does; without shape invariance nothing is chosen)."""
+        return self.shape_invariant and regime.flash_for(self)
 
     @functools.cached_property
     def own_head(self) -> bool:

@@ -93,7 +93,7 @@ def remembered(model) -> dict:
             "remember": agreed,
         }
 
-    result = memo.remembered("attention", parts, found)
+    result = memo.remembered("attention", parts, found, f"which attention runs faster on {Path(model.path).name}")
     if not result.get("remember", True):
         _unsettled[tuple(map(str, parts))] = result
     return result

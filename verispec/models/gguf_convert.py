@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..paths import cache_home, notice
 from .checkpoint import CheckpointError, _read_state_dict, load_tokenizer, read_config
 from .llama import LlamaConfig
 
@@ -157,7 +158,8 @@ def cached_gguf(model_dir: str | Path, type: str = "f32", cache_dir: str | Path 
 def _cached(model_dir: str | Path, type: str, cache_dir: str | Path | None) -> Path:
     """The GGUF of model_dir in `type`, converted on the first call and reused after.
 
-    The cache (default `$XDG_CACHE_HOME/verispec/gguf`, else `~/.cache/verispec/gguf`) is keyed
+    The cache (`gguf` under verispec's cache, paths.py: `$VERISPEC_CACHE`, `$XDG_CACHE_HOME/verispec`, else
+    `~/.cache/verispec`) is keyed
     by the sha256 of the contents of config.json, the tokenizer files and every safetensors
     file (and the index), plus the type and this converter's format version: hashing the
     built-in 113 MB target takes 0.1-0.2 s from the page cache, so contents, not (size,
@@ -168,9 +170,10 @@ def _cached(model_dir: str | Path, type: str, cache_dir: str | Path | None) -> P
     model_dir = Path(model_dir)
     _read_float_config(model_dir)
     if cache_dir is None:
-        cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verispec" / "gguf"
+        cache_dir = cache_home() / "gguf"
     path = Path(cache_dir) / f"{model_dir.resolve().name}-{_weights_digest(model_dir)[:20]}-{type}.gguf"
     if not path.is_file():
+        notice(f"converting {model_dir} to GGUF ({type}) into {cache_dir} (once; cached)")
         convert(model_dir, path, type)
     return path
 

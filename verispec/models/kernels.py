@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..paths import cache_home
+
 MAX_ROWS = 16  # the kernel's own limit (csrc: MAX_ROWS)
 _NAME = "verispec_skinny_linear"
 _CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
@@ -65,7 +67,7 @@ def build_key(source: bytes | None = None) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec")) / "kernels"
+    return cache_home() / "kernels"
 
 
 @contextlib.contextmanager
