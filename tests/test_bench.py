@@ -342,6 +342,8 @@ def test_peer_bench_against_llama_cpp_reports_identical_greedy_tokens(pair, tmp_
     assert main(common + ["--draft", "ngram", "--k", "2", "--peer-suffix", "--json", str(tmp_path / "s.json")]) == 0
     runs = {r["system"]: r for r in json.loads((tmp_path / "s.json").read_text())["runs"]}
     assert runs["verispec suffix k=2"]["identical_to_verispec_plain"]
+    assert main(common + ["--draft", "suffix", "--k", "2", "--json", str(tmp_path / "a.json")]) == 0  # auto's choice
+    assert "verispec suffix k=2" in {r["system"] for r in json.loads((tmp_path / "a.json").read_text())["runs"]}
     combined = ["--draft", str(draft_dir), "--k", "2", "--peer-suffix", "--json", str(tmp_path / "c.json")]
     assert main(common + combined) == 0
     runs = {r["system"]: r for r in json.loads((tmp_path / "c.json").read_text())["runs"]}

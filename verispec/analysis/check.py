@@ -17,8 +17,10 @@ Owns `run_check` and its four parts, each a pass/fail with the numbers behind it
     largest logit gap between one-position and multi-position passes over these contexts,
     `llamacpp.deviation`): a gap the deviation can move (4δ/T for log p + G, 2δ for logits) is
     numerics and is reported, not failed; a larger gap is blamed on the rule and fails;
-(d) the negative control: (a) again at its least accepted position with a planted bug
-    (the recovered token drawn from p instead of normalize(max(p - q, 0))) must fail.
+(d) the negative control: (a) again with a planted bug (the recovered token drawn from p instead of
+    normalize(max(p - q, 0))) where it moves the output most (`_planted_tv`), must fail; where every
+    proposal tested leaves the bug below what the test detects (q one-hot at a token of p near 0 or 1),
+    at the tested p with the target's most likely token as the proposal.
 A deterministic drafter (prompt lookup) has q one-hot at its proposal; positions where it
 proposes nothing are not tested. Each step and row says what it does on `progress`; a time limit
 (`max_seconds`) or an interrupt ends the check between verifications, and the report then holds
@@ -44,7 +46,7 @@ from ..llamacpp.deviation import pass_shape_deviation
 from ..proposal import acceptance_grid, sharpen
 from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
-from .chisquare import FALSE_FAILURE, chi_square, detectable_tv, threshold
+from .chisquare import chi_square, detectable_tv, threshold
 
 DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (built-in vocabulary: 200k)
 CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) to reuse
@@ -276,7 +278,7 @@ def _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max
         report.deviation["llama_cpp_defaults"] = default_settings_deviation(target, prompts[:COMPARED])
     report.finished.append("numerics")
     single = RowSampling(replace(params, seed=seed), 1)
-    least = None  # (beta, context, position, p, q, proposal) of the least accepted position
+    tested = []  # ((context, position, p, q, proposal), its test) of every position (a) tested
     if params.greedy:
         report.skipped.append("(a), (d): at temperature 0 p is one-hot; (c) is the test")
     else:
@@ -304,11 +306,10 @@ def _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max
                 )
                 test = _test(c, i + 1, None if qi is not None else proposal, p[i], qi, counts, accepted, n)
                 report.tests.append(test)
-                if least is None or test.beta < least[0]:
-                    least = (test.beta, c, i + 1, p[i], qi, proposal)
+                tested.append(((c, i + 1, p[i], qi, proposal), test))
         report.finished.append("(a)")
-    if least is not None:  # (d): the same test with the planted bug, where it shows most
-        _control(report, least, params, n, seed, say, tick)
+    if tested:  # (d): the same test with the planted bug, where it shows most
+        _control(report, tested, params, n, seed, say, tick)
     if not params.greedy:
         _invariant(report, target, drafter, prompts, params, k, seeds, max_new_tokens, deviation, say, tick)
     tick()
@@ -326,20 +327,31 @@ def _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max
     report.finished.append("(c)")
 
 
-def _control(report, least, params, n, seed, say, tick) -> None:
-    """(d): (a)'s test at its least accepted position with the recovered token drawn from p: it must fail."""
-    beta, c, position, p, q, proposal = least
-    q = q if q is not None else torch.nn.functional.one_hot(torch.tensor(proposal), p.shape[-1]).float()  # the residual
+def _planted_tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """TV from p of what the rule commits with the planted bug: min(p, q) + (1 - beta) p against p."""
+    return 0.5 * float((torch.minimum(p, q) - torch.minimum(p, q).sum() * p).abs().sum())
+
+
+def _control(report, tested, params, n, seed, say, tick) -> None:
+    """(d): (a)'s test with the recovered token drawn from p, where that error is largest: it must fail."""
+    one_hot = lambda token, p: torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float()  # noqa: E731
+    found = [(c, i, p, q if q is not None else one_hot(x, p), x, t) for (c, i, p, q, x), t in tested]
+    c, position, p, q, proposal, test = max(found, key=lambda t: _planted_tv(t[2], t[3]))
+    if _planted_tv(p, q) < test.detectable_tv:  # the drafter's proposals cannot show the bug: a proposal of its own
+        c, position, p, *_ = max(found, key=lambda t: float(t[2].max() * (1 - t[2].max())))
+        proposal = int(p.argmax())
+        q = one_hot(proposal, p)
+    beta = float(torch.minimum(p, q).sum())
     say(f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens from p")
     with _residual_from_p():
         counts, accepted = verify_position(p, q, proposal, params, n, row_seed(seed, 999_999), "rejection", tick)
     test = _test(c, position, None, p, q, counts, accepted, n)
-    planted = 0.5 * float((torch.minimum(p, q) + (1 - beta) * p - p).abs().sum())  # TV of the buggy rule's output
     report.control = {
         "context": c,
         "position": position,
+        "proposal": proposal,
         "beta": beta,
-        "planted_tv": planted,
+        "planted_tv": _planted_tv(p, q),
         "statistic": test.statistic,
         "df": test.df,
         "threshold": test.threshold,
@@ -409,89 +421,3 @@ def _logit_gap(target, prompt: list[int], plain: list[int], spec: list[int]) -> 
     ].float()  # [V]
     top = logits.topk(2).values
     return float(top[0] - top[1])
-
-
-def format_report(report: CheckReport) -> list[str]:
-    """The report as lines of text."""
-    d = report.deviation
-    lines = []
-    if d is not None:
-        lines.append(
-            f"engine numerics: the largest logit gap between pass shapes over {d['contexts']} contexts is "
-            f"{d['largest']:.3g} "
-            f"(positions {d['positions']:.3g}, rows {d['rows']:.3g}, cache {d['cache']:.3g})"
-            + ("" if d["largest"] == 0 else "; rows that differ by less than it can move are numerics, not the rule")
-        )
-        default = d.get("llama_cpp_defaults")
-        if default is not None:
-            lines.append(
-                f"    with llama.cpp's default kernels (--exact-kernels off) it would be {default:.3g}: "
-                + (
-                    "verispec's exact kernels changed this file's numerics"
-                    if default > d["largest"]
-                    else "no setting had to change for this file"
-                )
-            )
-    lines += [
-        (
-            f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
-            f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode"
-            + (f", draft proposal temperature {report.proposal_tau:g}" if report.proposal_tau is not None else "")
-            + "):"
-        )
-    ]
-    for t in report.tests:
-        what = f"proposal {t.proposal}" if t.proposal is not None else "x ~ q"
-        lines.append(
-            f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted "
-            f"{t.accepted:.3f}, "
-            f"chi-square {t.statistic:.1f} (df {t.df}, threshold {t.threshold:.1f}), detects TV >= "
-            f"{t.detectable_tv:.4f}: "
-            f"{'pass' if t.passed else 'FAIL'}"
-        )
-    lines += [f"    not tested: {reason}" for reason in report.skipped]
-    if report.control is not None:
-        c = report.control
-        lines.append(
-            f"(d) negative control (recovered token drawn from p) at context {c['context'] + 1} position "
-            f"{c['position']}: "
-            f"planted TV {c['planted_tv']:.4f}, chi-square {c['statistic']:.1f} (threshold {c['threshold']:.1f}): "
-            f"{'caught' if c['passed'] else 'NOT CAUGHT (the planted error is below what the test detects)'}"
-        )
-    if report.invariant is not None:
-        i = report.invariant
-        ties = (
-            f" (the other {i['near_ties']}: score gaps within the deviation: "
-            + ", ".join(f"{g:.1e}" for g in i["gaps"])
-            + " nats)"
-            if i["near_ties"]
-            else ""
-        )
-        lines.append(
-            f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}"
-            + ("" if "(b)" in report.finished else " (before the cut)")
-            + ": "
-            f"{'pass' if i['passed'] else 'FAIL'}"
-        )
-    g = report.greedy
-    if g is not None:
-        ties = (
-            f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
-            + ", ".join(f"{x:.1e}" for x in g["gaps"])
-            + ")"
-            if g["near_ties"]
-            else ""
-        )
-        lines.append(
-            f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
-        )
-    if report.cut is None:
-        lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
-        return lines
-    left = [step for step in report.steps if step not in report.finished]
-    checked = ", ".join(report.finished) or "nothing"
-    verdict = "PASSED what was checked" if report.passed else "FAILED" if report.finished or report.tests else "NOT RUN"
-    lines.append(
-        f"{verdict} in {report.seconds:.0f} s, cut by {report.cut}: finished {checked}; not finished " + ", ".join(left)
-    )
-    return lines

@@ -206,7 +206,9 @@ def bench(args: argparse.Namespace) -> int:
         needs_draft(settings, "bench")
     settings = settings.resolved()
     if args.peer and (
-        settings.draft == "suffix" or assemble.combined(settings.draft) or assemble.drafts_text(settings.draft)
+        (settings.draft == "suffix" and args.peer != "llamacpp")
+        or assemble.combined(settings.draft)
+        or assemble.drafts_text(settings.draft)
     ):
         return fail(
             f"--peer {args.peer} compares verispec with the peer's own drafters (a draft model or prompt lookup); "
@@ -295,7 +297,7 @@ def _peer_llamacpp(args: argparse.Namespace, settings: assemble.Settings, ks: li
         draft_temperature=args.draft_temperature,
         ngram_types=ngram_types,
         ngram_draft_lengths=parse_lengths(args.peer_ngram_lengths),
-        suffix=args.peer_suffix,
+        suffix=args.peer_suffix or settings.draft == "suffix",  # --draft suffix (auto's choice): its systems
     )
     print("\n".join(reports.peer_llamacpp_lines(result, args.max_new_tokens, args.repeats, args.confidence_threshold)))
     write_json(args.json, result)

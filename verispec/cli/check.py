@@ -1,11 +1,12 @@
-"""`verispec check`: its flags and its run (verispec.analysis.check does the work). A time limit (`--max-seconds`)
-or an interrupt ends it with every finished step printed and a verdict on what was checked."""
+"""`verispec check`: its flags, its run (verispec.analysis.check does the work) and its report as text. A time
+limit (`--max-seconds`) or an interrupt ends it with every finished step printed and a verdict on what was checked."""
 
 from __future__ import annotations
 
 import argparse
 
 from .. import assemble
+from ..analysis.chisquare import FALSE_FAILURE
 from .common import (
     check_writable,
     draft_options_parent,
@@ -65,7 +66,7 @@ def add_parser(commands, measured_help: str, prompts_help: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.check import format_report, run_check
+    from ..analysis.check import run_check
 
     draws = 1000 if args.draws is None else args.draws
     for flag, value, least in (
@@ -110,3 +111,89 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(format_report(report)))
     write_json(args.json, report.to_dict())
     return 0 if report.passed else 1
+
+
+def format_report(report) -> list[str]:
+    """A CheckReport (verispec.analysis.check) as lines of text."""
+    d = report.deviation
+    lines = []
+    if d is not None:
+        lines.append(
+            f"engine numerics: the largest logit gap between pass shapes over {d['contexts']} contexts is "
+            f"{d['largest']:.3g} "
+            f"(positions {d['positions']:.3g}, rows {d['rows']:.3g}, cache {d['cache']:.3g})"
+            + ("" if d["largest"] == 0 else "; rows that differ by less than it can move are numerics, not the rule")
+        )
+        default = d.get("llama_cpp_defaults")
+        if default is not None:
+            lines.append(
+                f"    with llama.cpp's default kernels (--exact-kernels off) it would be {default:.3g}: "
+                + (
+                    "verispec's exact kernels changed this file's numerics"
+                    if default > d["largest"]
+                    else "no setting had to change for this file"
+                )
+            )
+    lines += [
+        (
+            f"(a) the rule at real contexts, {report.draws:,} verifications per position, chi-square at a "
+            f"{FALSE_FAILURE:g} false-failure rate ({report.settings['sampling']} mode"
+            + (f", draft proposal temperature {report.proposal_tau:g}" if report.proposal_tau is not None else "")
+            + "):"
+        )
+    ]
+    for t in report.tests:
+        what = f"proposal {t.proposal}" if t.proposal is not None else "x ~ q"
+        lines.append(
+            f"    context {t.context + 1} position {t.position} ({what}): beta {t.beta:.3f}, accepted "
+            f"{t.accepted:.3f}, "
+            f"chi-square {t.statistic:.1f} (df {t.df}, threshold {t.threshold:.1f}), detects TV >= "
+            f"{t.detectable_tv:.4f}: "
+            f"{'pass' if t.passed else 'FAIL'}"
+        )
+    lines += [f"    not tested: {reason}" for reason in report.skipped]
+    if report.control is not None:
+        c = report.control
+        lines.append(
+            f"(d) negative control (recovered token drawn from p) at context {c['context'] + 1} position "
+            f"{c['position']}: "
+            f"planted TV {c['planted_tv']:.4f}, chi-square {c['statistic']:.1f} (threshold {c['threshold']:.1f}): "
+            f"{'caught' if c['passed'] else 'NOT CAUGHT (the planted error is below what the test detects)'}"
+        )
+    if report.invariant is not None:
+        i = report.invariant
+        ties = (
+            f" (the other {i['near_ties']}: score gaps within the deviation: "
+            + ", ".join(f"{g:.1e}" for g in i["gaps"])
+            + " nats)"
+            if i["near_ties"]
+            else ""
+        )
+        lines.append(
+            f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}"
+            + ("" if "(b)" in report.finished else " (before the cut)")
+            + ": "
+            f"{'pass' if i['passed'] else 'FAIL'}"
+        )
+    g = report.greedy
+    if g is not None:
+        ties = (
+            f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
+            + ", ".join(f"{x:.1e}" for x in g["gaps"])
+            + ")"
+            if g["near_ties"]
+            else ""
+        )
+        lines.append(
+            f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
+        )
+    if report.cut is None:
+        lines.append(f"{'PASSED' if report.passed else 'FAILED'} in {report.seconds:.0f} s")
+        return lines
+    left = [step for step in report.steps if step not in report.finished]
+    checked = ", ".join(report.finished) or "nothing"
+    verdict = "PASSED what was checked" if report.passed else "FAILED" if report.finished or report.tests else "NOT RUN"
+    lines.append(
+        f"{verdict} in {report.seconds:.0f} s, cut by {report.cut}: finished {checked}; not finished " + ", ".join(left)
+    )
+    return lines
