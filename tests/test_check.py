@@ -69,20 +69,22 @@ def test_the_planted_bug_fails_the_same_test():
 
 def test_the_control_plants_the_bug_where_the_test_can_see_it():
     """A lookup's proposals at tokens of p near 0 (SmolLM2's prompt lookup: beta 0.000 at every position tested)
-    leave the planted bug no room (TV beta (1 - beta) = 0): (d) then proposes the target's most likely token at
-    the tested p, where the bug shows; before, it ran at the least accepted position and was not caught."""
-    p, _ = _pq()
-    rare = int(p.argmin())  # beta = p(rare), near 0
+    leave the planted bug no room (TV beta (1 - beta) = 0): (d) then drafts from p on its most likely tokens, as many
+    as make the bug show most after the test's pooling; before, it ran at the least accepted position and was not
+    caught. A Zipf-shaped p over 50,000 tokens (most of its mass in cells pooled into one) too."""
     n = 20_000
-    counts, accepted = check_module.verify_position(p, None, rare, SamplingParams(), n, 3, "rejection")
-    test = check_module._test(0, 1, rare, p, None, counts, accepted, n)
-    one_hot = torch.nn.functional.one_hot(torch.tensor(rare), p.shape[-1]).float()
-    assert check_module._planted_tv(p, one_hot) < test.detectable_tv  # the drafter's proposal cannot show the bug
-    report = check_module.CheckReport(settings={}, draws=n)
-    check_module._control(report, [((0, 1, p, None, rare), test)], SamplingParams(), n, 0, print, lambda: None)
-    control = report.control
-    assert control["proposal"] == int(p.argmax()) and control["planted_tv"] > 2 * control["detectable_tv"]
-    assert control["passed"]  # caught
+    zipf = 1.0 / (torch.randperm(50_000, generator=torch.Generator().manual_seed(1)) + 10.0)
+    for p in (_pq()[0], zipf / zipf.sum()):
+        rare = int(p.argmin())  # beta = p(rare), near 0
+        counts, accepted = check_module.verify_position(p, None, rare, SamplingParams(), n, 3, "rejection")
+        test = check_module._test(0, 1, rare, p, None, counts, accepted, n)
+        one_hot = torch.nn.functional.one_hot(torch.tensor(rare), p.shape[-1]).float()
+        assert check_module._planted_tv(p, one_hot) < test.detectable_tv  # the drafter's proposal cannot show the bug
+        report = check_module.CheckReport(settings={}, draws=n)
+        check_module._control(report, [((0, 1, p, None, rare), test)], SamplingParams(), n, 0, print, lambda: None)
+        control = report.control
+        assert control["proposal"] is None and control["passed"]  # a q of its own, and the bug caught
+        assert control["statistic"] > 2 * control["threshold"], control
 
 
 @pytest.fixture(scope="module")

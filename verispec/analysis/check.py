@@ -19,8 +19,8 @@ Owns `run_check` and its four parts, each a pass/fail with the numbers behind it
     numerics and is reported, not failed; a larger gap is blamed on the rule and fails;
 (d) the negative control: (a) again with a planted bug (the recovered token drawn from p instead of
     normalize(max(p - q, 0))) where it moves the output most (`_planted_tv`), must fail; where every
-    proposal tested leaves the bug below what the test detects (q one-hot at a token of p near 0 or 1),
-    at the tested p with the target's most likely token as the proposal.
+    proposal tested leaves the bug below what the test detects (q one-hot at a token of p near 0 or 1,
+    or q = p), at that p with q = p restricted to its most likely tokens (`_visible_q`).
 A deterministic drafter (prompt lookup) has q one-hot at its proposal; positions where it
 proposes nothing are not tested. Each step and row says what it does on `progress`; a time limit
 (`max_seconds`) or an interrupt ends the check between verifications, and the report then holds
@@ -29,6 +29,7 @@ every finished step and names the rest (`CheckReport.cut`). Knows nothing of the
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from ..llamacpp.deviation import pass_shape_deviation
 from ..proposal import acceptance_grid, sharpen
 from ..sampling import RowSampling, row_seed, sample
 from ..streams import RowStreams
-from .chisquare import chi_square, detectable_tv, threshold
+from .chisquare import chi_square, detectable_tv, merge_cells, threshold
 
 DRAWS_X_VOCAB = 200_000 * 8192  # the default draws per position: as many as fit this work (built-in vocabulary: 200k)
 CHUNK = 256  # verifications per tensor pass: [CHUNK, V] work arrays small enough (16 MB at V = 8192) to reuse
@@ -332,15 +333,29 @@ def _planted_tv(p: torch.Tensor, q: torch.Tensor) -> float:
     return 0.5 * float((torch.minimum(p, q) - torch.minimum(p, q).sum() * p).abs().sum())
 
 
+def _visible_q(p: torch.Tensor, n: int) -> torch.Tensor:
+    """A draft q under which the planted bug shows most in (a)'s test of n draws at p: p restricted to its j most
+    likely tokens S, renormalised (the bug then commits p on S plus (1 - p(S)) p), j chosen over powers of two by
+    the chi-square statistic the bug adds in expectation, after the test's pooling of small cells."""
+    order, expected = p.argsort(descending=True), n * p.double().numpy()
+
+    def shift(j: int) -> float:
+        buggy = (1 - float(p[order[:j]].sum())) * expected
+        buggy[order[:j].numpy()] += expected[order[:j].numpy()]
+        observed, pooled = merge_cells(buggy, expected)
+        return float(((observed - pooled) ** 2 / pooled).sum())
+
+    j = max((2**i for i in range(int(math.log2(len(p))) + 1)), key=shift)
+    return torch.zeros_like(p).index_put_((order[:j],), p[order[:j]] / p[order[:j]].sum())
+
+
 def _control(report, tested, params, n, seed, say, tick) -> None:
     """(d): (a)'s test with the recovered token drawn from p, where that error is largest: it must fail."""
     one_hot = lambda token, p: torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float()  # noqa: E731
     found = [(c, i, p, q if q is not None else one_hot(x, p), x, t) for (c, i, p, q, x), t in tested]
     c, position, p, q, proposal, test = max(found, key=lambda t: _planted_tv(t[2], t[3]))
-    if _planted_tv(p, q) < test.detectable_tv:  # the drafter's proposals cannot show the bug: a proposal of its own
-        c, position, p, *_ = max(found, key=lambda t: float(t[2].max() * (1 - t[2].max())))
-        proposal = int(p.argmax())
-        q = one_hot(proposal, p)
+    if _planted_tv(p, q) < test.detectable_tv:  # the drafter's proposals cannot show the bug: a q of its own
+        q, proposal = _visible_q(p, n), None
     beta = float(torch.minimum(p, q).sum())
     say(f"(d) negative control at context {c + 1}, position {position}: {n:,} verifications, recovered tokens from p")
     with _residual_from_p():

@@ -162,13 +162,7 @@ def format_report(report) -> list[str]:
         )
     if report.invariant is not None:
         i = report.invariant
-        ties = (
-            f" (the other {i['near_ties']}: score gaps within the deviation: "
-            + ", ".join(f"{g:.1e}" for g in i["gaps"])
-            + " nats)"
-            if i["near_ties"]
-            else ""
-        )
+        ties = _ties(i, "score gaps", " nats")
         lines.append(
             f"(b) invariant mode, speculative = plain: {i['equal']}/{i['rows']} seeded rows{ties}"
             + ("" if "(b)" in report.finished else " (before the cut)")
@@ -177,13 +171,7 @@ def format_report(report) -> list[str]:
         )
     g = report.greedy
     if g is not None:
-        ties = (
-            f" (the other {g['near_ties']}: top-2 logit gaps within the deviation: "
-            + ", ".join(f"{x:.1e}" for x in g["gaps"])
-            + ")"
-            if g["near_ties"]
-            else ""
-        )
+        ties = _ties(g, "top-2 logit gaps", "")
         lines.append(
             f"(c) greedy, speculative = plain: {g['equal']}/{g['rows']} rows{ties}: {'pass' if g['passed'] else 'FAIL'}"
         )
@@ -197,3 +185,11 @@ def format_report(report) -> list[str]:
         f"{verdict} in {report.seconds:.0f} s, cut by {report.cut}: finished {checked}; not finished " + ", ".join(left)
     )
     return lines
+
+
+def _ties(part: dict, what: str, unit: str) -> str:
+    """' (the other N: GAPS within the deviation: ...)' for the rows of (b) or (c) that differ at near-ties."""
+    if not part["near_ties"]:
+        return ""
+    gaps = ", ".join(f"{g:.1e}" for g in part["gaps"])
+    return f" (the other {part['near_ties']}: {what} within the deviation: {gaps}{unit})"
