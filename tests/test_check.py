@@ -258,3 +258,15 @@ def test_a_time_limit_or_an_interrupt_prints_every_finished_step(toy, tmp_path, 
     assert report["cut"] == "an interrupt" and report["finished"] == ["numerics", "(a)", "(d)", "(b)"]
     assert report["invariant"]["rows"] == 50 and "cut by an interrupt" in capsys.readouterr().out
     assert main(["check", "--max-seconds", "0"]) == 2 and "--max-seconds must be > 0" in capsys.readouterr().err
+
+
+def test_a_drafter_that_proposes_nothing_fails_the_check_in_one_line(toy, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(check_module, "_chain", lambda *args: ([], None, None))  # nothing proposed anywhere
+    code, report = _check(toy, tmp_path, "--draft", "ngram")
+    out = capsys.readouterr().out
+    assert code == 1 and not report["passed"] and not report["tests"] and report["control"] is None
+    assert report["skipped"] == [
+        "(a), (d): the drafter proposed nothing after any of the 16 contexts; give --prompts whose continuations "
+        "repeat text it can draft from"
+    ]
+    assert out.count("not tested:") == 1 and "FAILED" in out

@@ -296,6 +296,11 @@ def _run_check(report, target, drafter, prompts, params, contexts, k, seeds, max
                 )
             if proposals:
                 chains.append((c, proposals, p, q))
+        if not chains:  # one line, not one per context: (a) and (d) have nothing to test, and the verdict fails
+            report.skipped = [
+                f"(a), (d): the drafter proposed nothing after any of the {len(prompts)} contexts; give --prompts "
+                "whose continuations repeat text it can draft from"
+            ]
         tau = report.proposal_tau = _proposal_tau(drafter, chains, params)
         for c, proposals, p, q in chains:
             q = q if q is None or tau in (None, 1) else sharpen(q, tau)  # the distribution the draft proposes from
