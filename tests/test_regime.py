@@ -40,7 +40,7 @@ def _model(tmp_path: Path, kv_type: str = "f16", sgemm_weights: bool = True):
 def test_the_setting_decides_as_documented(tmp_path, monkeypatch, setting):
     measured = []
     monkeypatch.setattr(regime, "measure", lambda m: measured.append(m) or {"flash": [1.0], "sgemm": [2.0]})
-    monkeypatch.setattr(memo, "cache_root", lambda: tmp_path / "cache" / "kernels")
+    monkeypatch.setattr(memo, "cache_home", lambda: tmp_path / "cache")
     assert regime.flash_for(_model(tmp_path, sgemm_weights=False))  # auto: K-quants take flash attention, unmeasured
     assert not regime.flash_for(_model(tmp_path, kv_type="f32"))  # an f32 cache never does
     assert measured == []
@@ -56,7 +56,7 @@ def test_the_setting_decides_as_documented(tmp_path, monkeypatch, setting):
 def test_a_measured_choice_is_remembered(tmp_path, monkeypatch):
     measured = []
     monkeypatch.setattr(regime, "measure", lambda m: measured.append(m) or {"flash": [3.0], "sgemm": [2.0]})
-    monkeypatch.setattr(memo, "cache_root", lambda: tmp_path / "cache" / "kernels")
+    monkeypatch.setattr(memo, "cache_home", lambda: tmp_path / "cache")
     model = _model(tmp_path)
     assert regime.remembered(model)["flash"] is False
     assert regime.remembered(model) == {
@@ -82,7 +82,7 @@ def test_a_choice_two_measurements_disagree_on_is_kept_for_the_process_only(tmp_
     results = iter([{"flash": [1.0], "sgemm": [2.0]}, {"flash": [9.0], "sgemm": [2.0]}] * 2)
     measured = []
     monkeypatch.setattr(regime, "measure", lambda m: measured.append(m) or next(results))
-    monkeypatch.setattr(memo, "cache_root", lambda: tmp_path / "cache" / "kernels")
+    monkeypatch.setattr(memo, "cache_home", lambda: tmp_path / "cache")
     monkeypatch.setattr(regime, "_unsettled", {})
     model = _model(tmp_path)
     first = regime.remembered(model)

@@ -16,15 +16,14 @@ import json
 import os
 from collections.abc import Callable
 
-from ..models.kernels import cache_root
-from ..paths import notice
+from ..paths import cache_home, notice
 from .lib import cpu_name, system_info
 
 
 def remembered(kind: str, parts: list, compute: Callable[[], dict], what: str = "") -> dict:
     """`compute()`, or what it gave before for the same parts; `what` (a phrase) is said before computing."""
     key = hashlib.sha256(json.dumps([*parts, system_info(), cpu_name()]).encode()).hexdigest()[:20]
-    memo = cache_root().parent / kind / f"{key}.json"
+    memo = cache_home() / kind / f"{key}.json"
     memo.parent.mkdir(parents=True, exist_ok=True)
     with open(memo.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
