@@ -34,7 +34,7 @@ def main() -> None:
             cache = model.new_cache(rows, context + 40)
             model.prefill([[(7919 * i + 13 * r) % 6000 + 5 for i in range(context)] for r in range(rows)], cache)
             found = []
-            for positions in (1, 2, 4, 5, 8, 17):
+            for positions in (1, 2, 3, 4, 5, 8, 17):
                 tokens = torch.tensor([[(31 * i + r) % 6000 + 5 for i in range(positions)] for r in range(rows)])
                 times = []
                 for _ in range(args.passes):

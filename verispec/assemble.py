@@ -459,6 +459,11 @@ def prepare_engine(target, drafter=None, rows: int = 1, draft_rows: int = 0) -> 
         from .llamacpp import step_status
 
         step_status()  # build (once) the compiled step
+        if isinstance(getattr(drafter, "model", None), torch.nn.Module):  # a torch draft (a vocabulary-subset one)
+            from .models.kernels import calibrate, kernel_status
+
+            kernel_status()
+            calibrate(drafter.model, max(rows, draft_rows))
     return []
 
 

@@ -21,7 +21,25 @@ def add_parser(commands) -> None:
         help="teacher: cache the --teacher's top-k next-token distributions over the training split "
         "(resumable); export: write OUT/model from OUT/checkpoint.pt (a run so far)",
     )
-    train.add_argument("--data", default="runs/data", help="data directory (tokenizer.json, train.bin, heldout.bin)")
+    train.add_argument(
+        "--data",
+        help="data directory (tokenizer.json, train.bin, heldout.bin; default runs/data); with 'draft --target "
+        "FILE.gguf': the text to distil on, a .txt or .jsonl file or a directory (default: the standard library)",
+    )
+    train.add_argument(
+        "--target",
+        help="with 'draft': a GGUF file to train a draft for, on this CPU, with its tokenizer (writes OUT/draft.gguf "
+        "and OUT/MODEL_CARD.md; resumable: run the same command again to go on)",
+    )
+    train.add_argument(
+        "--minutes", type=float, default=60.0, help="with 'draft --target': the whole run's time budget (default 60)"
+    )
+    train.add_argument(
+        "--layers",
+        type=int,
+        default=2,
+        help="with 'draft --target': the draft's layers, started from the target's first",
+    )
     train.add_argument("--out", help="output directory (checkpoint.pt, then model/); default runs/WHAT")
     train.add_argument("--preset", help="architecture: target, draft or tiny (default: WHAT)")
     train.add_argument(
@@ -83,6 +101,11 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..training import train
 
+    if args.target is not None:
+        if args.what != "draft":
+            return fail(f"--target is for 'train draft', not 'train {args.what}'")
+        return _gguf_draft(args)
+    args.data = args.data or "runs/data"
     out = args.out or f"runs/{args.what}"
     data_only = args.what == "data" and not args.out
     check_directory(args.out or (args.data if args.what == "data" else out), "--data" if data_only else "--out")
@@ -141,4 +164,29 @@ def _teacher(args: argparse.Namespace) -> int:
         progress=sys.stderr.isatty(),
     )
     print(f"wrote {out}" + (f": {missing} chunks still missing (run it again to go on)" if missing else ": complete"))
+    return 0
+
+
+def _gguf_draft(args: argparse.Namespace) -> int:
+    from ..models.backend import is_gguf
+    from ..training.gguf_draft import DraftRun, train_gguf_draft
+
+    if not is_gguf(args.target):
+        return fail(f"--target {args.target}: a GGUF file is needed (a directory: convert it, or use --teacher)")
+    if args.teacher or args.teacher_cache:
+        return fail("--target trains with its own teacher; leave out --teacher and --teacher-cache")
+    try:
+        check_directory(args.out or "runs/draft", "--out")
+        run = DraftRun(
+            target=args.target,
+            out=args.out or "runs/draft",
+            data=args.data,
+            minutes=args.minutes,
+            layers=args.layers,
+            seed=args.train_seed,
+        )
+        path = train_gguf_draft(run, say=lambda line: print(line, flush=True))
+    except ValueError as error:
+        return fail(str(error))
+    print(f"wrote {path} and {path.parent / 'MODEL_CARD.md'}")
     return 0

@@ -4,7 +4,10 @@ Owns `BACKENDS`, `load` (a model path and a backend name -> a model with the eng
 interface, and a note when `auto` had to fall back) and `load_text_tokenizer`. The rule,
 drafters, policies and tools never ask which backend a model runs on; only the loaders here do.
 
-- A `.gguf` file runs on llama.cpp (`LlamaCppModel`), whatever the backend name.
+- A `.gguf` file runs on llama.cpp (`LlamaCppModel`), whatever the backend name, except a draft
+  of `verispec train draft --target` (`verispec.draft.vocab_ids`): PyTorch runs it with its
+  vocabulary-subset head (llama.cpp would compute every row of its full-size head); with
+  `--backend llamacpp` it runs on llama.cpp as written.
 - A Hugging Face directory runs on PyTorch with `torch`; with `llamacpp` it is converted once to
   GGUF (`gguf_convert.cached_gguf`, keyed by its weights and `gguf_type`) and runs on llama.cpp.
 - `auto`: llama.cpp when the device is the CPU, llama.cpp is installed and runs on this CPU,
@@ -49,6 +52,11 @@ def load(
     from .hf import load_model
 
     _check(backend, gguf_type)
+    if is_gguf(path) and backend != "llamacpp":
+        from ..training.draft_export import is_subset_draft, load_subset_draft
+
+        if is_subset_draft(path):  # a draft of `verispec train draft --target`: its subset head runs on torch
+            return load_subset_draft(path).to(dtype=dtype, device=device), None
     if is_gguf(path):
         if backend == "torch":
             raise CheckpointError(f"{path}: a GGUF file runs on llama.cpp (--backend llamacpp or auto), not on torch")
