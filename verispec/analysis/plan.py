@@ -45,7 +45,7 @@ from ..drafters.ngram import PromptLookupDrafter
 from ..engine import generate_all
 from ..proposal import acceptance_grid
 from ..sampling import RowSampling, process_logits
-from .profile import profile_costs, profile_passes
+from .profile import context_bucket, profile_costs, profile_passes
 
 
 def draft_model_of(candidate) -> torch.nn.Module | None:
@@ -53,6 +53,12 @@ def draft_model_of(candidate) -> torch.nn.Module | None:
     if isinstance(candidate, torch.nn.Module):
         return candidate
     return getattr(candidate, "model", None)
+
+
+def _llamacpp_draft(drafter) -> bool:
+    """Whether a drafter's model runs on llama.cpp, so on the compiled step (a torch draft beside a llama.cpp
+    target, such as a vocabulary-subset draft of `train draft --target`, runs the Python path)."""
+    return hasattr(drafter, "own_model") and not isinstance(getattr(drafter, "model", None), torch.nn.Module)
 
 
 def _lookup(drafter: PromptLookupDrafter, sequence: list[int], start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,6 +326,9 @@ def plan(
     continuations = generate_all(target, prompts, params)
     sequences = [list(p) + c for p, c in zip(prompts, continuations)]
     context = round(sum(map(len, sequences)) / len(sequences))
+    # the Python path's passes and their unit, at the mean context decoding sees (prompt to end): on llama.cpp
+    # their cost curve changes shape with the context (a torch draft beside a llama.cpp target)
+    decoding = context_bucket(round(sum(len(p) + len(s) for p, s in zip(prompts, sequences)) / (2 * len(prompts))))
     report = {"k_max": k_max, "temperature": params.temperature, "prompts": len(prompts), "candidates": []}
     # S(k) is over verispec's plain decoding, as bench's: on llama.cpp a plain pass runs the compiled step
     compiled = getattr(target, "compiled_step", None) is not None
@@ -338,13 +347,13 @@ def plan(
         betas, proposes = [beta[:, 0] for beta, _ in blocks], [flags for _, flags in blocks]
         alphas = position_alphas(betas, k_max, proposes)
         timed = draft.drafter if isinstance(draft, CombinedDrafter) else draft  # a combined draft: its model's
-        on_step = compiled and (hasattr(timed, "own_model") or hasattr(timed, "confident"))
+        on_step = compiled and (hasattr(timed, "confident") or _llamacpp_draft(timed))
         if on_step:  # timed as generate runs it; its k = 0 passes are plain passes, interleaved with the others
             profile = profile_passes(target, timed, k_max, context, sampling=params)
         else:
-            profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=context)
+            profile = profile_costs(target, draft_model_of(draft), k_max=k_max, context_length=decoding)
             if compiled and not plain:  # the Python path's passes, over the compiled step's plain pass
-                plain.append(profile_passes(target, None, 0, context, repeats=7, sampling=params).target_s[0])
+                plain.append(profile_passes(target, None, 0, decoding, repeats=7, sampling=params).target_s[0])
         unit = plain[0] if compiled and not on_step else profile.target_s[0]  # costs in plain passes
         c = (profile.draft_s or 0.0) / unit  # no draft model (prompt lookup): 0
         # a pass over more positions is never cheaper (timing noise)
