@@ -7,8 +7,9 @@
   bug a subset head invites) fails the same test by a wide margin.
 - The pipeline on a tiny GGUF written here (tests/gguf_archs.py), in seconds: corpus, teacher cache,
   subset, training, the GGUF and its card; the file loads back as a draft (its subset head on torch),
-  greedy speculative output with it equals plain decoding, a second run resumes instead of redoing,
-  and a run with other settings in the same directory is refused in one line.
+  greedy speculative output with it equals plain decoding, `--draft auto` takes it for that file (and
+  not once the file changed), a second run resumes instead of redoing, and a run with other settings in
+  the same directory is refused in one line.
 - The GGUF reader (models/gguf_torch.py): the torch copy of a float GGUF gives llama.cpp's logits;
   without putting back llama.cpp's RoPE row order it does not (the negative control).
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -153,12 +155,15 @@ def test_the_torch_copy_of_a_float_gguf_gives_llama_cpps_logits(tiny_target, mon
     assert (gguf_torch.load_gguf_torch(target)(ids)[0] - expected).abs().max() > 0.1 * scale
 
 
-def test_train_draft_for_a_gguf_writes_a_draft_that_decodes_exactly_and_resumes(tiny_target, tmp_path):
+def test_train_draft_for_a_gguf_writes_a_draft_that_decodes_exactly_and_resumes(tiny_target, tmp_path, monkeypatch):
+    import verispec.models.trained_drafts as trained_drafts
     from verispec.assemble import Settings, load_drafter
     from verispec.training.draft_export import is_subset_draft
     from verispec.training.gguf_draft import DraftRun, train_gguf_draft
 
     target, data = tiny_target
+    monkeypatch.setattr(trained_drafts, "_registry", lambda: tmp_path / "trained-drafts.json")
+    assert Settings(target=str(target)).resolved().draft == "suffix"  # nothing trained yet
     run = DraftRun(
         target=str(target),
         out=str(tmp_path / "run"),
@@ -187,10 +192,18 @@ def test_train_draft_for_a_gguf_writes_a_draft_that_decodes_exactly_and_resumes(
     params = SamplingParams(temperature=0.0, max_new_tokens=24)
     assert generate_all(target_model, prompts, params, drafter, k=3) == generate_all(target_model, prompts, params)
 
+    auto = Settings(target=str(target)).resolved()  # --draft auto takes the trained draft, and says so
+    assert auto.draft == str(path.resolve()) and "trained for this file" in auto.draft_note
+
     train_gguf_draft(run, say=lines.append)  # resumed: the teacher's chunks are not made again
     assert [c.stat().st_mtime_ns for c in chunks] == stamps
     with pytest.raises(ValueError, match="another --out"):
         train_gguf_draft(DraftRun(**{**run.__dict__, "layers": 2}), say=lines.append)
+    changed = tmp_path / "changed.gguf"  # a copy is another file (its own path): no trained draft
+    changed.write_bytes(Path(target).read_bytes())
+    assert Settings(target=str(changed)).resolved().draft == "suffix"
+    os.utime(target, ns=(0, Path(target).stat().st_mtime_ns + 10**9))  # the file changed since: its draft is not taken
+    assert Settings(target=str(target)).resolved().draft == "suffix"
 
 
 def test_the_cli_refuses_a_target_that_is_not_a_gguf_file_in_one_line(tmp_path, capsys):

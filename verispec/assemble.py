@@ -29,7 +29,8 @@ from .policy import AdaptiveLength, FixedLength
 
 Say = Callable[[str], None]
 NO_DRAFT = "none"
-AUTO_DRAFT = "auto"  # --draft auto (the default): the built-in draft with the built-in target, else suffix drafting
+AUTO_DRAFT = "auto"  # --draft auto (the default): the built-in draft with the built-in target, the draft trained
+# for a user's file (`train draft --target`) where there is one, else suffix drafting
 AUTO_MODEL_FREE = "suffix"  # auto's drafter for a target of the user's: model-free, learns from every request
 MODEL_FREE = ("ngram", "suffix")  # --draft values that load no model: prompt lookup, suffix drafting
 STRING = "string:"  # --draft string:MODEL: a draft of another tokenizer drafting text at T = 0 (string_level.py)
@@ -140,6 +141,12 @@ class Settings:
         (None when the user named a draft, or the built-in pair runs its own draft)."""
         if self.draft not in (None, AUTO_DRAFT) or self.target is None:
             return None
+        trained = _trained_draft(self.target)
+        if trained is not None:
+            return (
+                f"--draft auto: the draft trained for this file by 'verispec train draft' ({trained}; --k {self.k}; "
+                "--draft none turns it off)"
+            )
         return (
             f"--draft auto: suffix drafting (model-free: proposes what followed the same text before; --k {self.k} "
             "backs off where it does not pay; --draft none turns it off)"
@@ -155,12 +162,20 @@ class Settings:
 
             target = str(TARGET_DIR)
             draft = str(DRAFT_DIR) if draft in (None, AUTO_DRAFT) else draft
-        draft = AUTO_MODEL_FREE if draft in (None, AUTO_DRAFT) else draft
+        if draft in (None, AUTO_DRAFT):
+            draft = _trained_draft(target) or AUTO_MODEL_FREE
         early_exit = any(str(spec).startswith("early-exit:") for spec in (draft, *self.extra_drafts))
         backend = "torch" if self.backend == "auto" and early_exit else self.backend
         if (target, draft, backend) == (self.target, self.draft, self.backend):
             return self
         return replace(self, target=target, draft=draft, backend=backend, draft_note=self.auto_draft or self.draft_note)
+
+
+def _trained_draft(target: str) -> str | None:
+    """The draft `verispec train draft --target` made for this file, if one was (models/trained_drafts.py)."""
+    from .models.trained_drafts import trained_draft
+
+    return trained_draft(target)
 
 
 def _is_int(value: object) -> bool:

@@ -28,25 +28,13 @@ def write_draft_gguf(draft: SubsetHeadLlama, target_path: str | Path, path: Path
     """Write `draft` to path (atomically); returns path."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
-    from ..models.gguf_convert import _permute
+    from ..models.gguf_convert import _gguf_name, _permute, _write_metadata
     from ..models.llama import to_hf_state_dict
 
     config = draft.config
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     writer = GGUFWriter(str(partial), "llama")
-    writer.add_name(f"verispec draft for {Path(target_path).name}")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
+    _write_metadata(writer, config, "llama", f"verispec draft for {Path(target_path).name}")
     for key, field in GGUFReader(str(target_path)).fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -63,8 +51,6 @@ def write_draft_gguf(draft: SubsetHeadLlama, target_path: str | Path, path: Path
     head[draft.vocab_ids] = state.pop("lm_head.weight")
     state.pop("vocab_ids")
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    from ..models.gguf_convert import _gguf_name
-
     for name, tensor in [*state.items(), ("lm_head.weight", head)]:
         array = tensor.numpy().astype(np.float32)
         if name.endswith("q_proj.weight"):
@@ -150,7 +136,7 @@ def write_card(out: Path, run, state: dict, seconds: float) -> Path:
         f"{chosen.get('beta_greedy', float('nan')):.3f}, T = 1 at least {chosen.get('beta_t1', float('nan')):.3f} |",
         "",
         "The speed-up depends on your machine and prompts: measure it with",
-        f"`verispec bench --target {run.target} --draft {out / 'draft.gguf'} --peer none` on your own prompts "
+        f"`verispec bench --target {run.target} --draft {out / 'draft.gguf'}` on your own prompts "
         "(`--prompts FILE.jsonl`), or predict it with `verispec plan`.",
         "",
         "Exactness does not depend on the draft: every committed token is distributed as the target's.",
