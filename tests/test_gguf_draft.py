@@ -192,6 +192,13 @@ def test_train_draft_for_a_gguf_writes_a_draft_that_decodes_exactly_and_resumes(
     params = SamplingParams(temperature=0.0, max_new_tokens=24)
     assert generate_all(target_model, prompts, params, drafter, k=3) == generate_all(target_model, prompts, params)
 
+    from verispec.cli.train import auto_line
+
+    candidate = {"recommended_k": 0, "predicted_speedup": [1.0, 0.8, 0.7], "beta": 0.4, "c": 0.5}
+    assert "keeps suffix drafting" in auto_line(candidate, str(target), path, trained_drafts.register)
+    assert Settings(target=str(target)).resolved().draft == "suffix"  # a draft predicted not to pay: not taken
+    candidate = {"recommended_k": 2, "predicted_speedup": [1.0, 1.2, 1.3], "beta": 0.8, "c": 0.1}
+    assert "takes this draft" in auto_line(candidate, str(target), path, trained_drafts.register)
     auto = Settings(target=str(target)).resolved()  # --draft auto takes the trained draft, and says so
     assert auto.draft == str(path.resolve()) and "trained for this file" in auto.draft_note
 
@@ -212,3 +219,16 @@ def test_the_cli_refuses_a_target_that_is_not_a_gguf_file_in_one_line(tmp_path, 
     assert main(["train", "draft", "--target", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a GGUF file is needed" in err[0]
+
+
+def test_the_cli_trains_measures_with_plan_and_says_whether_auto_takes_the_draft(tiny_target, tmp_path, monkeypatch):
+    import verispec.models.trained_drafts as trained_drafts
+    from verispec.cli import main
+
+    monkeypatch.setattr(trained_drafts, "_registry", lambda: tmp_path / "trained-drafts.json")
+    target, data = tiny_target
+    out = tmp_path / "cli-run"
+    args = ["train", "draft", "--target", str(target), "--data", str(data), "--out", str(out), "--minutes", "0.2"]
+    assert main([*args, "--layers", "1"]) == 0
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "plan on held-out text here: beta" in card and "--draft auto" in card

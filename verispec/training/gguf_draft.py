@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.trained_drafts import register
 from .draft_head import SubsetHeadLlama, choose_subset, subset_distill_loss, subset_index, token_mass
 from .gguf_teacher import build_gguf_teacher, load_teacher, read_documents, tokenize_corpus, top_k
 
@@ -235,7 +234,6 @@ def train_gguf_draft(run: DraftRun, say: Say = print) -> Path:
     path = write_draft_gguf(draft, run.target, out / "draft.gguf")
     write_card(out, run, state, clock.spent)
     clock.save()
-    register(run.target, path)  # --draft auto takes it from now on
     return path
 
 
