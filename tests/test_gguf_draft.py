@@ -232,3 +232,28 @@ def test_the_cli_trains_measures_with_plan_and_says_whether_auto_takes_the_draft
     assert main([*args, "--layers", "1"]) == 0
     card = (out / "MODEL_CARD.md").read_text()
     assert "plan on held-out text here: beta" in card and "--draft auto" in card
+
+
+def test_an_interrupt_during_training_keeps_the_steps_made_and_the_run_resumes(tiny_target, tmp_path, monkeypatch):
+    import verispec.training.gguf_draft as gguf_draft
+
+    target, data = tiny_target
+    run = gguf_draft.DraftRun(
+        target=str(target), out=str(tmp_path / "run"), data=str(data), minutes=0.3, layers=1, seq_len=32, top_k=8
+    )
+    real, calls = gguf_draft.subset_distill_loss, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(gguf_draft, "subset_distill_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gguf_draft.train_gguf_draft(run, say=lambda line: None)
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == 3 and not (tmp_path / "run" / "draft.gguf").exists()
+    monkeypatch.setattr(gguf_draft, "subset_distill_loss", real)
+    assert gguf_draft.train_gguf_draft(run, say=lambda line: None).is_file()  # goes on from step 3
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] > 3

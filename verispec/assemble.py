@@ -1,15 +1,14 @@
 """The one composition root: settings -> target, drafter, tokenizer, draft-length policy.
 
-Owns `Settings` (what to load and how, validated where it is built, picklable so that a Ray
-replica can load the same parts) and the functions that turn it into loaded parts: `load_model`,
-`load_target`, `load_drafter`, `load_parts` (all of them, as a server loads them),
-`load_tokenizer`, `load_profiled`, `draft_policy` / `measured_policy`, `prepare_engine` (the CPU
-kernel or llama.cpp's compiled step, built before any timed loop) and the start-up notes.
-Every llama.cpp-specific import of the command line and the server lives here.
+Owns `Settings` (what to load and how, validated where it is built, picklable so that a Ray replica can load the
+same parts) and the functions that turn it into loaded parts: `load_model`, `load_target`, `load_drafter`,
+`load_parts` (all of them, as a server loads them), `load_tokenizer`, `load_profiled`, `draft_policy` /
+`measured_policy`, `prepare_engine` (the CPU kernel or llama.cpp's compiled step, built before any timed loop) and
+the start-up notes. Every llama.cpp-specific import of the command line and the server lives here.
 
-Errors name a setting as the command line spells it (`--threads`), the form in which users give
-it; notes (a fallback, a capped thread count, a measured deviation) go to a `say` callable, so
-that the caller decides where they are printed. Knows nothing of argparse or HTTP.
+Errors name a setting as the command line spells it (`--threads`), the form in which users give it; notes (a
+fallback, a capped thread count, a measured deviation) go to a `say` callable, so that the caller decides where they
+are printed. Knows nothing of argparse or HTTP.
 """
 
 from __future__ import annotations
@@ -25,12 +24,12 @@ from .llamacpp.regime import FLASH_ATTN_CHOICES
 from .models.backend import BACKENDS, GGUF_TYPES, is_gguf, load, load_text_tokenizer
 from .models.checkpoint import load_tokenizer as load_directory_tokenizer
 from .models.checkpoint import parse_dtype
+from .models.trained_drafts import trained_draft  # the draft `train draft --target` made for a file
 from .policy import AdaptiveLength, FixedLength
 
 Say = Callable[[str], None]
 NO_DRAFT = "none"
-AUTO_DRAFT = "auto"  # --draft auto (the default): the built-in draft with the built-in target, the draft trained
-# for a user's file (`train draft --target`) where there is one, else suffix drafting
+AUTO_DRAFT = "auto"  # --draft auto (default): the built-in pair's draft, a draft trained for the file, else suffix
 AUTO_MODEL_FREE = "suffix"  # auto's drafter for a target of the user's: model-free, learns from every request
 MODEL_FREE = ("ngram", "suffix")  # --draft values that load no model: prompt lookup, suffix drafting
 STRING = "string:"  # --draft string:MODEL: a draft of another tokenizer drafting text at T = 0 (string_level.py)
@@ -141,12 +140,8 @@ class Settings:
         (None when the user named a draft, or the built-in pair runs its own draft)."""
         if self.draft not in (None, AUTO_DRAFT) or self.target is None:
             return None
-        trained = _trained_draft(self.target)
-        if trained is not None:
-            return (
-                f"--draft auto: the draft trained for this file by 'verispec train draft' ({trained}; --k {self.k}; "
-                "--draft none turns it off)"
-            )
+        if (trained := trained_draft(self.target)) is not None:
+            return f"--draft auto: the draft trained for this file ({trained}; --k {self.k}; --draft none turns it off)"
         return (
             f"--draft auto: suffix drafting (model-free: proposes what followed the same text before; --k {self.k} "
             "backs off where it does not pay; --draft none turns it off)"
@@ -163,19 +158,12 @@ class Settings:
             target = str(TARGET_DIR)
             draft = str(DRAFT_DIR) if draft in (None, AUTO_DRAFT) else draft
         if draft in (None, AUTO_DRAFT):
-            draft = _trained_draft(target) or AUTO_MODEL_FREE
+            draft = trained_draft(target) or AUTO_MODEL_FREE
         early_exit = any(str(spec).startswith("early-exit:") for spec in (draft, *self.extra_drafts))
         backend = "torch" if self.backend == "auto" and early_exit else self.backend
         if (target, draft, backend) == (self.target, self.draft, self.backend):
             return self
         return replace(self, target=target, draft=draft, backend=backend, draft_note=self.auto_draft or self.draft_note)
-
-
-def _trained_draft(target: str) -> str | None:
-    """The draft `verispec train draft --target` made for this file, if one was (models/trained_drafts.py)."""
-    from .models.trained_drafts import trained_draft
-
-    return trained_draft(target)
 
 
 def _is_int(value: object) -> bool:
@@ -385,13 +373,10 @@ def load_drafter(settings: Settings, target, say: Say = _quiet, spec: str | None
             f"another one (give --draft {path})"
         )
     check_same_tokenizer(settings.target, path, target.vocab_size, draft.vocab_size)
-    if isinstance(draft, torch.nn.Module) and not isinstance(target, torch.nn.Module):
-        # a torch draft beside a llama.cpp target (a trained subset draft): its passes alternate with the
-        # target's, so it takes the cores llama.cpp uses (SmolLM2's trained draft in bench: c 0.40 against 0.45)
-        torch.set_num_threads(getattr(target, "n_threads", None) or torch.get_num_threads())
-    return ModelDrafter(
-        match_vocab_size(draft, target.vocab_size), settings.confidence_threshold, settings.draft_temperature
-    )
+    if isinstance(draft, torch.nn.Module) and not isinstance(target, torch.nn.Module):  # it alternates with llama.cpp
+        torch.set_num_threads(getattr(target, "n_threads", None) or torch.get_num_threads())  # c 0.40, not 0.45
+    draft = match_vocab_size(draft, target.vocab_size)
+    return ModelDrafter(draft, settings.confidence_threshold, settings.draft_temperature)
 
 
 def _intersection_drafter(settings: Settings, target, draft, spec: str, say: Say):

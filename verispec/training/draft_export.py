@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ def is_subset_draft(path: str | Path) -> bool:
 
     try:
         return VOCAB_IDS_KEY in metadata(path, (VOCAB_IDS_KEY,))
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError, struct.error):  # not a whole GGUF file: the loader says what is wrong
         return False
 
 

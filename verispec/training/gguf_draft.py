@@ -319,51 +319,55 @@ def _train(run, draft, data, heldout, vocab_ids, clock: _Clock, budget: float, o
 
     last_saved = last_eval = time.monotonic()
     draft.train()
-    while train_seconds < total:
-        started = time.monotonic()
-        progress = train_seconds / total
-        lr = run.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        rows = torch.randint(
-            0, windows, (run.batch_size,), generator=torch.Generator().manual_seed(run.seed * 7919 + step)
-        )
-        with autocast:
-            hidden = draft.hidden_states(data["inputs"][rows], None)
-            loss = subset_distill_loss(
-                draft.subset_logits(hidden),
-                data["ids"][rows],
-                data["logp"][rows].float(),
-                data["rest_logp"][rows],
-                index,
+    try:  # an interrupt keeps the steps made since the last checkpoint
+        while train_seconds < total:
+            started = time.monotonic()
+            progress = train_seconds / total
+            lr = run.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            rows = torch.randint(
+                0, windows, (run.batch_size,), generator=torch.Generator().manual_seed(run.seed * 7919 + step)
             )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        step += 1
-        train_seconds += time.monotonic() - started
-        if time.monotonic() - last_eval > 120 or train_seconds >= total:
-            greedy, sampled = heldout_acceptance(draft, heldout, autocast)
-            log.append(
-                {
-                    "step": step,
-                    "seconds": round(train_seconds),
-                    "loss": loss.item(),
-                    "beta_greedy": greedy,
-                    "beta_t1": sampled,
-                }
-            )
-            say(
-                f"draft: step {step}, {train_seconds / 60:.1f}/{total / 60:.1f} min, loss {loss.item():.3f}, "
-                f"held-out acceptance greedy {greedy:.3f}, T=1 {sampled:.3f}"
-            )
-            if best is None or greedy + sampled > best["beta_greedy"] + best["beta_t1"]:
-                best = {**log[-1], "model": {k: v.clone() for k, v in _trained_state(draft).items()}}
-            last_eval = time.monotonic()
-        if time.monotonic() - last_saved > 60:
-            save()
-            last_saved = time.monotonic()
+            with autocast:
+                hidden = draft.hidden_states(data["inputs"][rows], None)
+                loss = subset_distill_loss(
+                    draft.subset_logits(hidden),
+                    data["ids"][rows],
+                    data["logp"][rows].float(),
+                    data["rest_logp"][rows],
+                    index,
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            step += 1
+            train_seconds += time.monotonic() - started
+            if time.monotonic() - last_eval > 120 or train_seconds >= total:
+                greedy, sampled = heldout_acceptance(draft, heldout, autocast)
+                log.append(
+                    {
+                        "step": step,
+                        "seconds": round(train_seconds),
+                        "loss": loss.item(),
+                        "beta_greedy": greedy,
+                        "beta_t1": sampled,
+                    }
+                )
+                say(
+                    f"draft: step {step}, {train_seconds / 60:.1f}/{total / 60:.1f} min, loss {loss.item():.3f}, "
+                    f"held-out acceptance greedy {greedy:.3f}, T=1 {sampled:.3f}"
+                )
+                if best is None or greedy + sampled > best["beta_greedy"] + best["beta_t1"]:
+                    best = {**log[-1], "model": {k: v.clone() for k, v in _trained_state(draft).items()}}
+                last_eval = time.monotonic()
+            if time.monotonic() - last_saved > 60:
+                save()
+                last_saved = time.monotonic()
+    except KeyboardInterrupt:
+        save()
+        raise
     if best is not None:
         draft.load_state_dict(best["model"], strict=False)
     save()
