@@ -257,3 +257,14 @@ def test_an_interrupt_during_training_keeps_the_steps_made_and_the_run_resumes(t
     monkeypatch.setattr(gguf_draft, "subset_distill_loss", real)
     assert gguf_draft.train_gguf_draft(run, say=lambda line: None).is_file()  # goes on from step 3
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] > 3
+
+
+def test_a_file_of_another_architecture_is_refused_before_any_work(tiny_target, tmp_path):
+    import gguf_archs
+
+    from verispec.training.gguf_draft import DraftRun, train_gguf_draft
+
+    other = gguf_archs.write("qwen2", tmp_path / "qwen2.gguf", tiny_target[0])
+    with pytest.raises(ValueError, match="architecture 'qwen2'"):
+        train_gguf_draft(DraftRun(target=str(other), out=str(tmp_path / "run")), say=lambda line: None)
+    assert not (tmp_path / "run").exists()

@@ -100,6 +100,13 @@ def _open_run(run: DraftRun) -> tuple[Path, dict]:
     out = Path(run.out)
     if not Path(run.target).is_file():
         raise ValueError(f"--target {run.target}: no such GGUF file")
+    from ..models.gguf_header import metadata
+
+    arch = metadata(run.target, ("general.architecture",)).get("general.architecture")
+    if arch != "llama":  # the draft starts from the target's own llama-architecture tensors (gguf_torch.py)
+        raise ValueError(
+            f"--target {run.target}: architecture {arch!r}; drafts are trained for llama-architecture files"
+        )
     out.mkdir(parents=True, exist_ok=True)
     settings = {key: value for key, value in asdict(run).items() if key not in ("out", "minutes")}
     state = {"settings": settings, "target_sha": _file_sha(run.target)}
