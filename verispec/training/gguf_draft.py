@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from .draft_head import SubsetHeadLlama, choose_subset, subset_distill_loss, subset_index, token_mass
-from .gguf_teacher import build_gguf_teacher, load_teacher, read_documents, tokenize_corpus, top_k
+from .gguf_teacher import CHUNK_WINDOWS, build_gguf_teacher, load_teacher, read_documents, tokenize_corpus, top_k
+from .teacher import _sha
 
 Say = Callable[[str], None]
 EXPORT_RESERVE_S = 90.0  # at most, kept back from training for the export, the card and the last evaluation
@@ -63,16 +64,6 @@ class DraftRun:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.teacher_share < 1 or not 0 <= self.max_subset_cost < 1:
             raise ValueError("teacher_share must be in (0, 1) and max_subset_cost in [0, 1)")
-
-
-def _file_sha(path: str | Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -109,7 +100,7 @@ def _open_run(run: DraftRun) -> tuple[Path, dict]:
         )
     out.mkdir(parents=True, exist_ok=True)
     settings = {key: value for key, value in asdict(run).items() if key not in ("out", "minutes")}
-    state = {"settings": settings, "target_sha": _file_sha(run.target)}
+    state = {"settings": settings, "target_sha": _sha([Path(run.target)])}
     path = out / "run.json"
     if path.exists():
         before = json.loads(path.read_text())
@@ -224,7 +215,7 @@ def train_gguf_draft(run: DraftRun, say: Say = print) -> Path:
     window = torch.from_numpy(tokens["train"][: 4 * run.seq_len].astype(np.int64)).view(4, run.seq_len)
     teacher_dir = out / "teacher"
     windows_total = len(tokens["train"]) // run.seq_len
-    cached = len(list(teacher_dir.glob("chunk-*.npz"))) * 8 if teacher_dir.exists() else 0
+    cached = len(list(teacher_dir.glob("chunk-*.npz"))) * CHUNK_WINDOWS if teacher_dir.exists() else 0
     if cached < windows_total and clock.spent < run.teacher_share * budget:
         name, forward = fastest_teacher(run.target, target, window, say)
         state["teacher"] = name

@@ -27,6 +27,7 @@ import torch
 
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".html"}
 HELD_OUT_PERCENT = 5
+CHUNK_WINDOWS = 8  # windows per chunk file, the unit of resumption
 
 
 def _held_out(name: str) -> bool:
@@ -111,7 +112,7 @@ def build_gguf_teacher(
     out: Path,
     seq_len: int,
     k: int,
-    chunk_windows: int = 8,
+    chunk_windows: int = CHUNK_WINDOWS,
     until: float = float("inf"),
     say: Callable[[str], None] = print,
 ) -> int:
