@@ -151,7 +151,7 @@ def test_a_guess_in_the_placeholder_keeps_plain_decodings_tokens(files, name, fl
     """No draft on a target that pads every one-position pass (drafters/placeholder.py): the
     placeholder's position checks a guess. The tokens are plain decoding's (greedy, and sampled
     with a seed: the coupled rule draws one number per committed token), and guesses are made
-    and taken. Control: a K-quant file under flash attention pads no such pass, so guesses none."""
+    and taken. Control: a K-quant file under flash attention pads no such pass of a short row, so guesses none."""
     from verispec.stats import SpecStats
 
     target = LlamaCppModel(files[name], n_threads=2)
@@ -175,7 +175,7 @@ def test_a_guess_in_the_placeholder_keeps_plain_decodings_tokens(files, name, fl
     control.flash_attention = True
     stats = SpecStats()
     generate_all(control, _contexts(control)[:1], settings[0], None, k=0, stats=stats)
-    assert not control.pads_lone_passes and stats.proposed == 0 and not stats.placeholder_guess
+    assert not control.pads_lone_passes and stats.proposed == 0  # short rows: no placeholder, so no guess
 
 
 @pytest.mark.parametrize("name", ["Q4_K_M", "F16"])
@@ -354,6 +354,7 @@ def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decodi
     and speculative, on the Python path and the compiled step."""
     from verispec.llamacpp import context
 
+    monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")  # plain's lone passes carry the placeholder, not a guess
     used = []
     in_spare = context.Context._in_spare
     monkeypatch.setattr(context.Context, "_in_spare", lambda self, *a: used.append(in_spare(self, *a)) or used[-1])
@@ -375,3 +376,32 @@ def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decodi
     monkeypatch.setattr(context.Context, "__init__", without_spare)
     model._spare = None
     assert [generate_all(model, [p], params, None, k=0)[0] for p in contexts] == spare
+
+
+@pytest.mark.parametrize("name", ["Q4_K_M", "Q4_1"])
+def test_past_the_split_a_lone_pass_checks_a_guess(files, name, monkeypatch):
+    """Flash attention over dot-product weights: from `lone_pad_from` (SPLIT_KV_FROM + 1) on, plain decoding's
+    one-position passes carry a guess in the row's own sequence where they carried the spare sequence's placeholder
+    (drafters/placeholder.py). The tokens are plain decoding's with the guess off (greedy, and sampled with a seed);
+    guesses are made past the split, right ones commit two tokens a pass, and a row that stays short guesses nothing
+    (its passes have no placeholder)."""
+    from verispec.llamacpp.context import SPLIT_KV_FROM
+    from verispec.stats import SpecStats
+
+    model = LlamaCppModel(files[name], n_threads=2)
+    model.flash_attention = True
+    assert model.lone_pad_from == SPLIT_KV_FROM + 1 and not model.pads_lone_passes
+    long = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    short = [c[:100] for c in long]
+    settings = [SamplingParams(temperature=0, max_new_tokens=24)]
+    settings += [SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed) for seed in (0, 1)]
+    for params in settings:
+        for prompts, guessed in ((long, True), (short, False)):
+            monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")
+            plain = [generate_all(model, [p], params, None, k=0)[0] for p in prompts]
+            monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "1")
+            stats = SpecStats()
+            assert [generate_all(model, [p], params, None, k=0, stats=stats)[0] for p in prompts] == plain, params
+            assert (stats.proposed > 0) == guessed, (params, guessed)
+            if guessed and params.temperature == 0:  # repeated text: right guesses, two tokens in such a pass
+                assert stats.accepted > 0 and stats.target_passes < sum(len(p) for p in plain)

@@ -127,8 +127,8 @@ class SpecStats(RequestStats):
         line = f"{self.generated_tokens} tokens in {self.total_time_s:.2f} s ({self.tokens_per_s:.1f} tok/s)"
         if self.placeholder_guess and self.proposed:
             line += (
-                f" | no draft, {self.target_passes} target passes; each one-position pass carries a second"
-                f" position (exact kernels), which checked a guess: {self.accepted}/{self.proposed} right,"
+                f" | no draft, {self.target_passes} target passes; where a one-position pass carries a second"
+                f" position (exact kernels), it checked a guess: {self.accepted}/{self.proposed} right,"
                 f" {self.mean_tokens_per_pass:.2f} tokens/pass"
             )
         elif self.proposed:

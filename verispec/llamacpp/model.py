@@ -25,7 +25,7 @@ import torch
 from ..models.checkpoint import CheckpointError
 from ..models.gguf_header import check as check_gguf
 from . import regime
-from .context import KV_TYPES, MAX_SEQUENCES, Context, LlamaCppCache
+from .context import KV_TYPES, MAX_SEQUENCES, SPLIT_KV_FROM, Context, LlamaCppCache
 from .head import HEAD_NAMES, matrix_types, own_head, width_dependent
 from .lib import clear_log, default_threads, exact_kernels, library, log_tail, unavailable
 from .step import CompiledStep
@@ -147,6 +147,17 @@ class LlamaCppModel:
         alone): under sgemm's attention, or flash attention over sgemm's weights (context.py; llama_step.c's
         `lone`). A guess there is verified at no cost (drafters/placeholder.py)."""
         return self.shape_invariant and (not self.flash_attention or self.sgemm_weights)
+
+    @property
+    def lone_pad_from(self) -> int | None:
+        """The least length of a lone row's text (its committed tokens, the one the pass reads included) from
+        which its one-position passes carry a placeholder: 0 where every one does (`pads_lone_passes`),
+        SPLIT_KV_FROM + 1 under flash attention over dot-product weights (flash attention would split the
+        query's cells from there on: context.py, llama_step.c), None where none does. A guess in the row's
+        own sequence there costs the placeholder's attention to the row's cells (drafters/placeholder.py)."""
+        if not self.shape_invariant:
+            return None
+        return 0 if self.pads_lone_passes else SPLIT_KV_FROM + 1
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
