@@ -462,3 +462,35 @@ def test_a_server_drafts_a_repeated_request_from_the_corpus():
         assert passes[1] <= 48 / 3 < passes[0], passes
     finally:
         handle.stop()
+
+
+def test_the_placeholder_guess_stops_while_its_guesses_would_not_pay_and_comes_back():
+    """drafters/placeholder.py: past `guess_from` a row guesses while the share of its would-be guesses that were
+    right (Laplace's rule over the last `window`) exceeds cell_cost x its length; a would-be guess is scored on
+    every pass, made or not, so a row that stopped guessing starts again once its text turns predictable."""
+    from verispec.drafters.placeholder import PlaceholderGuesser
+
+    text = [1, 2, 1, 2, 1, 2, 1, 2, 1, 2]  # the guess after "... 1 2" is 1
+    guesser = PlaceholderGuesser(guess_from=5, cell_cost=0.01, window=8)
+    guesser.start([list(text)], max_length=200)
+
+    def one_pass(right: bool) -> bool:
+        """One plain pass committing the would-be guess (right) or the other token; whether a guess was made."""
+        proposal = guesser.propose(1)[0].tolist()[0]
+        would = guesser._would[0]
+        token = would if right else 3 - would
+        guesser.commit([1 if proposal and proposal[0] == token else 0], torch.tensor([token]), [True])
+        return bool(proposal)
+
+    assert one_pass(right=False)  # 10 tokens, (0 + 1) / (0 + 2) > 0.01 x 10: a guess
+    made = [one_pass(right=False) for _ in range(7)]  # always wrong: 1 / 10 < 0.01 x 18 by the eighth
+    assert guesser.accuracy(guesser.rows[0]) == pytest.approx(0.1) and not made[-1]
+    assert guesser.propose(1)[0].shape == (1, 0)  # no guess: the pass keeps its placeholder
+    made = [one_pass(right=True) for _ in range(8)]  # right, scored though not made, until it pays again
+    assert not made[0] and made[-1]
+    short = PlaceholderGuesser(guess_from=50, cell_cost=0.0)  # below guess_from: never
+    short.start([list(text)], max_length=200)
+    assert short.propose(1)[0].shape == (1, 0)
+    free = PlaceholderGuesser(guess_from=0, cell_cost=0.0)  # a placeholder in every pass: always, right or not
+    free.start([list(text)], max_length=200)
+    assert free.propose(1)[0].tolist() == [[1]]

@@ -6,7 +6,12 @@ Where the target pads: every such pass under sgemm's attention or flash attentio
 weights; under flash attention over dot-product weights (Q4_1, K-quants) only from the text's length
 `lone_pad_from` on (SPLIT_KV_FROM + 1), where flash attention would split one query's cells. There the
 placeholder sat in a spare sequence, attending to one cell; the guess sits in the row's own sequence
-and attends to all of them, which costs that much more and pays when the guess is right.
+and attends to all n of them, which adds at most n * `query_cost_per_cell` of a pass (the target's
+shapes: one query's attention over one position's products). A row guesses there only while its
+guesses would pay that: the share of its last `window` would-be guesses that were right (Laplace's
+rule) above that cost. A would-be guess is scored on every pass, made or not: the coupled rule draws
+one number per committed token, so the committed token is the same either way, and the guess would
+have been taken exactly when it equals it.
 
 The guess is verified as any lookup proposal (one token, q one-hot: the coupled rule, rejection.py),
 so the output is plain decoding's token for token, greedy or sampled with a seed. When the guess is
@@ -20,23 +25,52 @@ placeholder a copy.
 from __future__ import annotations
 
 import os
+from collections import deque
+
+import torch
 
 from ..policy import DraftLengthPolicy, FixedLength, LoneRowGuess
-from .suffix import SuffixDrafter
+from .suffix import SuffixDrafter, _Row
 
 
 class PlaceholderGuesser(SuffixDrafter):
-    """Suffix drafting's one-token guess, for the rows whose text is at least `guess_from` tokens long."""
+    """Suffix drafting's one-token guess for the rows whose text is at least `guess_from` tokens long, where
+    the row's recent would-be guesses were right more often than `cell_cost` times that length (0: free)."""
 
     placeholder_guess = True
 
-    def __init__(self, guess_from: int, **settings):
+    def __init__(self, guess_from: int, cell_cost: float = 0.0, window: int = 32, **settings):
         super().__init__(min_match=1, **settings)
-        self.guess_from = guess_from
+        self.guess_from, self.cell_cost, self.window = guess_from, cell_cost, window
+        self._would: list[int | None] = []  # per row, the token it would have guessed at the last pass (None: none)
+        self._scores: dict[int, deque[bool]] = {}  # id of a row -> whether its last would-be guesses were right
+
+    def accuracy(self, row: _Row) -> float:
+        """(right + 1) / (scored + 2) over the row's last `window` would-be guesses."""
+        scored = self._scores.get(id(row), ())
+        return (sum(scored) + 1) / (len(scored) + 2)
 
     def _walks(self, k: int) -> tuple[list[list[int]], list[int]]:
         walks, lengths = super()._walks(k)
-        return walks, [n if len(row.tokens) >= self.guess_from else 0 for row, n in zip(self.rows, lengths)]
+        self._would = [tokens[0] if n else None for tokens, n in zip(walks, lengths)]
+        return walks, [n if self._pays(row) else 0 for row, n in zip(self.rows, lengths)]
+
+    def _pays(self, row: _Row) -> bool:
+        length = len(row.tokens)
+        return length >= self.guess_from and (not self.cell_cost or self.accuracy(row) > self.cell_cost * length)
+
+    def commit(self, num_accepted: list[int], next_token_ids: torch.Tensor, active: list[bool]) -> None:
+        following = next_token_ids.tolist()
+        for row, would, made, accepted, token, live in zip(
+            self.rows, self._would, self._proposal, num_accepted, following, active
+        ):
+            if live and would is not None:  # made: taken or not; else: would the pass have committed it
+                scored = self._scores.setdefault(id(row), deque(maxlen=self.window))
+                scored.append(accepted > 0 if made else token == would)
+        if len(self._scores) > 2 * len(self.rows) + 8:  # rows that left
+            self._scores = {id(row): self._scores[id(row)] for row in self.rows if id(row) in self._scores}
+        self._would = []
+        super().commit(num_accepted, next_token_ids, active)
 
 
 def placeholder_guess(target) -> tuple[SuffixDrafter | None, DraftLengthPolicy]:
@@ -45,4 +79,5 @@ def placeholder_guess(target) -> tuple[SuffixDrafter | None, DraftLengthPolicy]:
     start = getattr(target, "lone_pad_from", None)
     if start is None or os.environ.get("VERISPEC_PLACEHOLDER_GUESS", "1") == "0":
         return None, FixedLength(0)
-    return PlaceholderGuesser(start, device=target.device), LoneRowGuess()
+    cell_cost = target.query_cost_per_cell if start > 0 else 0.0
+    return PlaceholderGuesser(start, cell_cost, device=target.device), LoneRowGuess()

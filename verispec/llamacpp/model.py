@@ -159,6 +159,14 @@ class LlamaCppModel:
             return None
         return 0 if self.pads_lone_passes else SPLIT_KV_FROM + 1
 
+    @property
+    def query_cost_per_cell(self) -> float:
+        """One query's attention to one cell over one position's matrix products, in multiply-adds (2 n_layer
+        n_embd over the parameters): what a position attending to n cells adds to a pass, at most n times
+        this of a pass (a position costs at most a pass)."""
+        lib, handle = library(), self.weights.handle
+        return 2.0 * lib.llama_model_n_layer(handle) * lib.llama_model_n_embd(handle) / self.config.num_parameters
+
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, {self.config.description}, {self.n_threads} threads)"
 
