@@ -347,11 +347,11 @@ def test_without_the_placeholder_past_the_split_the_pass_shape_shows(files, monk
 
 def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decoding(files, draft, monkeypatch):
     """Flash attention over dot-product weights (Q4_K_M): past SPLIT_KV_FROM a one-token pass puts
-    its placeholder in the spare sequence (context.py `_in_spare`; llama_step.c invariant 4), a KV
-    stream of its own, where it attends to one cell instead of the row's. The row's logits keep the
-    pass shape's invariance at 300 tokens (the control above, with no placeholder, shows the split),
-    and decoding gives the tokens of the placeholder after the token (the spare turned off), plain
-    and speculative, on the Python path and the compiled step."""
+    its placeholder in the spare sequence (context.py `_in_spare`; llama_step.c invariant 4), in the
+    row's KV stream for a one-row context (`unified`), where it attends to one cell instead of the
+    row's. The row's logits keep the pass shape's invariance at 300 tokens (the control above, with no
+    placeholder, shows the split), and decoding gives the tokens of the placeholder after the token
+    (the spare turned off), plain and speculative, on the Python path and the compiled step."""
     from verispec.llamacpp import context
 
     monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")  # plain's lone passes carry the placeholder, not a guess
@@ -361,7 +361,8 @@ def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decodi
     model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
     model.flash_attention = True
     contexts = [(c * 40)[:300] for c in _contexts(model)[:2]]
-    assert model.new_cache(1, 8).context.spare_seq == 1
+    one_row = model.new_cache(1, 8).context
+    assert one_row.spare_seq == 1 and one_row.unified  # the row and the spare share a KV stream
     assert pass_shape_deviation(model, contexts).largest == 0.0 and any(used)
     params = SamplingParams(temperature=0, max_new_tokens=24)
     spare = [generate_all(model, [p], params, None, k=0)[0] for p in contexts]
@@ -376,6 +377,41 @@ def test_past_the_split_the_placeholder_in_the_spare_sequence_keeps_plain_decodi
     monkeypatch.setattr(context.Context, "__init__", without_spare)
     model._spare = None
     assert [generate_all(model, [p], params, None, k=0)[0] for p in contexts] == spare
+
+
+def test_a_server_row_alone_puts_its_placeholder_in_the_free_slot_after_it(files, monkeypatch):
+    """A context of two rows (a server's slots) whose second row left: the first row's one-position passes past
+    SPLIT_KV_FROM put their placeholder in the emptied sequence after it (context.py `_in_spare`, llama_step.c),
+    not after its own token. The lone pass's logits equal a two-position pass's bit for bit (Python path), and
+    decoding two prompts, one of which ends early, gives the long row the tokens it has alone (compiled step)."""
+    from verispec.llamacpp import context
+
+    monkeypatch.setenv("VERISPEC_PLACEHOLDER_GUESS", "0")
+    seqs_used = []
+    in_spare = context.Context._in_spare
+
+    def spy(self, tokens, seqs):
+        found = in_spare(self, tokens, seqs)
+        seqs_used.append((int(seqs[0]), self.spare_seq, found))
+        return found
+
+    monkeypatch.setattr(context.Context, "_in_spare", spy)
+    model = LlamaCppModel(files["Q4_K_M"], n_threads=2)
+    model.flash_attention = True
+    long, other = [(c * 40)[:300] for c in _contexts(model)[:2]]
+    both = model.new_cache(2, 340)
+    assert both.context.spare_seq == 2 and not both.context.unified
+    model.prefill([long[:-1], other[:-1]], both)
+    both.keep_rows([0])  # the second row leaves: its sequence is emptied
+    tail = torch.tensor([long[-1:]])
+    lone = model(tail, both)[0, 0]  # [V]
+    assert seqs_used[-1] == (0, 2, True)  # the placeholder went to sequence 1, not after the row's token
+    both.rollback([len(long) - 1])
+    pair = model(torch.tensor([long[-1:] + long[:1]]), both)[0, 0]
+    assert torch.equal(lone, pair)
+    params = [SamplingParams(temperature=0, max_new_tokens=24), SamplingParams(temperature=0, max_new_tokens=2)]
+    alone = generate_all(model, [long], params[0], None, k=0)[0]
+    assert generate_all(model, [long, other], params, None, k=0)[0] == alone
 
 
 @pytest.mark.parametrize("name", ["Q4_K_M", "Q4_1"])

@@ -111,8 +111,15 @@ class Context:
         spare = self.flash and not self.lone_pad and n_seq < MAX_SEQUENCES
         self.spare_seq = n_seq if spare else None
         params.n_seq_max = n_seq + spare
+        # one row and the spare: one KV stream for both (the placeholder a second query of the row's stream, masked
+        # to its own cell), so that the row's heads and the placeholder's interleave in flash attention's chunks of
+        # rows (queries x heads) and the threads share the row's heads evenly; with a stream each, the row's heads
+        # form one run of chunks (SmolLM2's 9 heads: 6 on one thread, 3 on the other). The row keeps a cell of
+        # room for the placeholder (`n_ctx_seq`).
+        self.unified = bool(spare) and n_seq == 1
+        params.kv_unified = self.unified
         capacity = max(N_BATCH, _TOKENS_PER_ROW * n_seq)
-        params.n_ctx = _cells(n_seq + spare, n_ctx_seq, capacity)
+        params.n_ctx = _cells(n_seq + (spare and not self.unified), n_ctx_seq + self.unified, capacity)
         params.n_batch, params.n_ubatch = capacity, N_BATCH
         params.n_threads = params.n_threads_batch = model.n_threads
         params.no_perf = True
@@ -136,7 +143,7 @@ class Context:
             raise RuntimeError(
                 f"{model.path}: llama.cpp could not create a context for {n_seq} x {n_ctx_seq} positions: {log_tail()}"
             )
-        self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr)
+        self.n_seq, self.n_ctx_seq = n_seq, lib.llama_n_ctx_seq(self.ptr) - self.unified
         self.n_batch = min(capacity, lib.llama_n_batch(self.ptr))  # llama.cpp caps it at n_ctx
         self.memory = lib.llama_get_memory(self.ptr)
         self.batch = lib.llama_batch_init(capacity, 0, 1)
@@ -178,10 +185,12 @@ class Context:
         given = tokens, positions, seqs, outputs
         pad = self._single_pad(tokens, positions, seqs, outputs)
         if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
-            pad_seq = int(seqs[-1])
-            if self._in_spare(tokens, seqs):  # or alone in the spare sequence (its own KV stream), at its start
-                pad, pad_seq = 0, self.spare_seq
-            outputs = np.concatenate([np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [True]])
+            pad_seq, pad_logits = int(seqs[-1]), True
+            if self._in_spare(tokens, seqs):  # or in the next sequence, empty, at its start, without logits (no
+                pad, pad_seq, pad_logits = 0, pad_seq + 1, False  # kernel of this regime depends on the outputs' count)
+            outputs = np.concatenate(
+                [np.full(len(tokens), outputs) if isinstance(outputs, bool) else outputs, [pad_logits]]
+            )
             tokens, positions, seqs = (
                 np.append(tokens, tokens[-1]),
                 np.append(positions, pad),
@@ -232,7 +241,7 @@ class Context:
         if read is None:
             return None, inside
         found = np.concatenate(results) if len(results) > 1 else results[0]
-        if pad is not None:
+        if pad is not None and pad_logits:
             found = found[:-1]  # the placeholder's row (one sequence: it is the last)
         if order is not None:  # back to the caller's order of output tokens
             found = found[np.argsort(order if isinstance(outputs, bool) else order[outputs])]
@@ -300,12 +309,16 @@ class Context:
         return position if position < self.n_ctx_seq else None
 
     def _in_spare(self, tokens: np.ndarray, seqs: np.ndarray) -> bool:
-        """Whether a one-token pass's placeholder goes to the spare sequence: under flash attention over
-        dot-product weights (its placeholder only keeps flash attention from splitting the query's cells,
-        which ggml does for one query of one KV stream), and where the row is the last before the spare
-        (llama.cpp puts consecutive sequence ids with equal counts in one ubatch). The row's logits are
-        those of a pass of several of its positions, bit for bit (benchmarks/spare_sequence_probe.py)."""
-        return self.spare_seq is not None and len(tokens) == 1 and int(seqs[0]) == self.spare_seq - 1
+        """Whether a one-token pass's placeholder goes to the sequence after the row's: under flash attention
+        over dot-product weights (its placeholder only keeps flash attention from splitting the query's cells,
+        which ggml does for one query of one KV stream), where that sequence is the spare (the row is the
+        last) or a free one, empty (a server's slot; llama.cpp puts consecutive sequence ids with equal counts
+        in one ubatch). The row's logits are those of a pass of several of its positions, bit for bit
+        (benchmarks/spare_sequence_probe.py)."""
+        if self.spare_seq is None or len(tokens) != 1 or int(seqs[0]) >= self.spare_seq:
+            return False
+        after = int(seqs[0]) + 1
+        return after == self.spare_seq or self._lib.llama_memory_seq_pos_max(self.memory, after) < 0
 
     def _fill_gaps(
         self, seqs: np.ndarray, positions: np.ndarray, always: bool = False

@@ -636,9 +636,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     int32_t *target_pending = a->target_pending, *target_length = a->target_length;
     int32_t *proposals = a->proposals, *output = a->output, *num_accepted = a->num_accepted;
     double *seconds = a->seconds;
-    /* 4: as 1, with a lone row's placeholder in sequence `rows` (the spare, a KV stream of its own) where the row is
-     * the last before it: ggml splits the cells of one query of one stream only, and the placeholder then attends to
-     * its one cell instead of the row's (context.py, `_in_spare`) */
+    /* 4: as 1, with a lone row's placeholder in the sequence after the row where that one is empty (`rows`, the
+     * context's spare, or a free slot): ggml splits the cells of one query of one stream only, and the placeholder
+     * then attends to its one cell instead of the row's (context.py, `_in_spare`) */
     const int32_t spare_seq = a->invariant == 4 ? rows : -1;
     int32_t invariant = a->invariant == 4 ? 1 : a->invariant; /* a copy: this step may turn it off for itself */
     const int32_t *given = draft && !a->given_rows ? 0 : a->given; /* proposals made outside */
@@ -726,7 +726,9 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     int32_t out_of[rows]; /* row b's first row among the batch's outputs (own head) */
     target_batch->n_tokens = 0;
     const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1; /* per row in the pass */
-    const int32_t in_spare = positions > drafted + 1 && spare_seq >= 0 && live == 1 && hi == rows - 1;
+    const int32_t in_spare = positions > drafted + 1 && spare_seq >= 0 && live == 1 &&
+                             (hi == rows - 1 || llama_memory_seq_pos_max(target_memory, hi + 1) < 0);
+    const int32_t pad_seq = hi + 1; /* the spare, or the free slot after the lone row (active rows hold cells) */
     for (int32_t b = 0; b < rows; b++) {
         if (!active[b] && !(invariant && b > lo && b < hi)) continue;
         at_of[b] = target_batch->n_tokens;
@@ -738,15 +740,15 @@ int32_t verispec_step(const struct verispec_step_args *a) {
         a->first_at[b] = a->head ? out_of[b] : at_of[b];
         put(target_batch, target_pending[b], target_length[b], b, 1);
         for (int32_t i = 0; i < drafted; i++) put(target_batch, proposals[b * k + i], target_length[b] + 1 + i, b, 1);
-        if (in_spare) /* a lone token under flash attention: a second in the spare sequence, removed after the pass */
-            put(target_batch, target_pending[b], 0, spare_seq, 1);
+        if (in_spare) /* a lone token under flash attention: a second in the spare sequence, no logits, removed after */
+            put(target_batch, target_pending[b], 0, pad_seq, 0);
         else if (positions > drafted + 1) /* a lone token: a second after it, removed by the rollback below */
             put(target_batch, target_pending[b], target_length[b] + 1, b, live == 1);
     }
     struct verispec_head *head = a->head;
     if (head) head->rows = head->ubatches = head->overflow = 0;
     if ((status = decode(target, target_batch, &seconds[1])) != 0) return -1000 - status;
-    if (in_spare) llama_memory_seq_rm(target_memory, spare_seq, -1, -1);
+    if (in_spare) llama_memory_seq_rm(target_memory, pad_seq, -1, -1);
     if (head) { /* the head's rows are the batch's outputs in order only where llama.cpp ran it as one ubatch */
         const int32_t outputs = outputs_before(target_batch);
         if (head->overflow || head->rows != outputs || (head->ubatches > 1 && span > 1)) return HEAD_OUT_OF_ORDER;
