@@ -184,7 +184,7 @@ class Context:
         lib, results, inside = library(), [], 0.0
         given = tokens, positions, seqs, outputs
         pad = self._single_pad(tokens, positions, seqs, outputs)
-        if pad is not None:  # one sequence, one token or one output: a second, with logits, after it
+        if pad is not None:  # one sequence, one token or one output: a second, with logits, after it,
             pad_seq, pad_logits = int(seqs[-1]), True
             if self._in_spare(tokens, seqs):  # or in the next sequence, empty, at its start, without logits (no
                 pad, pad_seq, pad_logits = 0, pad_seq + 1, False  # kernel of this regime depends on the outputs' count)
@@ -295,9 +295,9 @@ class Context:
         one-column kernels (llamafile's sgemm takes 2 columns or more; attention's products take
         one query per sequence; the last layer and the output head run on the positions with
         logits); with flash attention, only its split over threads from SPLIT_KV_FROM on (and the
-        one-column kernels where a matrix of the file takes sgemm: `lone_pad`). The
-        placeholder follows the sequence's last token, with logits, in the same llama_decode; its
-        cell is removed after."""
+        one-column kernels where a matrix of the file takes sgemm: `lone_pad`). The placeholder
+        follows the sequence's last token, with logits (`_in_spare`: in the next sequence, without),
+        in the same llama_decode; its cell is removed after."""
         if not self.invariant or not 0 < len(tokens) < self.n_batch or not (seqs == seqs[0]).all():
             return None
         wanted = len(tokens) if outputs is True else 0 if outputs is False else int(np.count_nonzero(outputs))

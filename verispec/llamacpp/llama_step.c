@@ -639,7 +639,7 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     /* 4: as 1, with a lone row's placeholder in the sequence after the row where that one is empty (`rows`, the
      * context's spare, or a free slot): ggml splits the cells of one query of one stream only, and the placeholder
      * then attends to its one cell instead of the row's (context.py, `_in_spare`) */
-    const int32_t spare_seq = a->invariant == 4 ? rows : -1;
+    const int32_t spare = a->invariant == 4;
     int32_t invariant = a->invariant == 4 ? 1 : a->invariant; /* a copy: this step may turn it off for itself */
     const int32_t *given = draft && !a->given_rows ? 0 : a->given; /* proposals made outside */
     if (!draft && !given && k > 0) return TOO_MANY_TOKENS;
@@ -726,7 +726,7 @@ int32_t verispec_step(const struct verispec_step_args *a) {
     int32_t out_of[rows]; /* row b's first row among the batch's outputs (own head) */
     target_batch->n_tokens = 0;
     const int32_t positions = invariant && lone && drafted == 0 ? 2 : drafted + 1; /* per row in the pass */
-    const int32_t in_spare = positions > drafted + 1 && spare_seq >= 0 && live == 1 &&
+    const int32_t in_spare = positions > drafted + 1 && spare && live == 1 &&
                              (hi == rows - 1 || llama_memory_seq_pos_max(target_memory, hi + 1) < 0);
     const int32_t pad_seq = hi + 1; /* the spare, or the free slot after the lone row (active rows hold cells) */
     for (int32_t b = 0; b < rows; b++) {
