@@ -1,13 +1,15 @@
 """How much better suffix drafting's proposal lengths could do: an offline replay of greedy completions.
 
-    python benchmarks/suffix_replay.py FILE.gguf --profile BENCH.json [--prompts FILE] [--max-prompts 16]
+    python benchmarks/suffix_replay.py FILE.gguf [--profile BENCH.json] [--prompts FILE] [--max-prompts 16]
 
 Decodes each prompt greedily (verispec plain, `--max-new-tokens`), then replays the completions
 through `SuffixDrafter` as `bench --peer-suffix` runs it (one corpus over the prompts, in order).
 Greedy acceptance is known from the completion, so each rule's passes and their cost follow
 exactly; the cost of a pass of n positions is the `profile.r` of a `bench --json` file (measured
-on the same file and machine). Prints tokens per plain pass's cost (the speed-up over plain
-decoding, verispec's own time excluded) for:
+on the same file and machine), or without `--profile` r(1..17) measured here first
+(`profile_costs`: one row, at the median context of the completions' passes, the installed
+verispec's settings). Prints tokens per plain pass's cost (the speed-up over plain decoding,
+verispec's own time excluded) for:
 - `rule`: the drafter's own stopping rule at k = 16 (what bench ran);
 - `learned`: per proposal, the length L maximizing (1 + sum_i prod_{j<=i} a_j) / r(L + 1), with a_j
   the acceptance so far of tokens proposed after matches of the same length class and with the
@@ -22,8 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections import defaultdict
 
+from verispec.analysis.profile import profile_costs
 from verispec.config import SamplingParams
 from verispec.drafters.suffix import SuffixDrafter, _Row
 from verispec.engine import generate_all
@@ -102,19 +106,25 @@ def replay(pairs, r, rule: str, k: int = 16) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target")
-    parser.add_argument("--profile", required=True, help="a `bench --json` file with profile.r for this target")
+    parser.add_argument("--profile", help="a `bench --json` file with profile.r for this target (default: measure)")
     parser.add_argument("--prompts", default="benchmarks/resend.jsonl")
     parser.add_argument("--max-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     args = parser.parse_args()
-    with open(args.profile) as found:
-        r = json.load(found)["profile"]["r"]
     target, _ = load(args.target, "llamacpp")
     tokenizer = load_text_tokenizer(args.target, target)
     with open(args.prompts) as lines:
         prompts = [list(tokenizer.encode(json.loads(line)["prompt"]).ids) for line in lines][: args.max_prompts]
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     pairs = [(p, generate_all(target, [p], params, None, k=0)[0]) for p in prompts]
+    if args.profile:
+        with open(args.profile) as found:
+            r = json.load(found)["profile"]["r"]
+    else:
+        context = int(statistics.median(len(p) + len(c) // 2 for p, c in pairs))
+        seconds = profile_costs(target, k_max=16, context_length=context, repeats=9).target_s
+        r = [t / seconds[0] for t in seconds]
+        print(f"r(1..17) at {context} cells: {' '.join(f'{x:.2f}' for x in r)}")
     for rule in ("rule", "learned", "learned + guess", "oracle"):
         print(f"{rule:>16}: {replay(pairs, r, rule):.2f} tokens per plain pass's cost")
 
