@@ -443,3 +443,12 @@ def test_past_the_split_a_lone_pass_checks_a_guess(files, name, monkeypatch):
             assert (stats.proposed > 0) == guessed, (params, guessed)
             if guessed and params.temperature == 0:  # repeated text: right guesses, two tokens in such a pass
                 assert stats.accepted > 0 and stats.target_passes < sum(len(p) for p in plain)
+    from verispec.drafters.placeholder import PlaceholderGuesser
+    from verispec.engine import Batch
+
+    # a batch none of whose rows can reach lone_pad_from runs plain passes, without the guesser's lookups; one
+    # whose budget may take a row there keeps it
+    budget = SamplingParams(temperature=0, max_new_tokens=model.lone_pad_from - 100 - 2)
+    assert Batch(model, short[:1], budget).drafter is None
+    longer = SamplingParams(temperature=0, max_new_tokens=model.lone_pad_from - 100)
+    assert isinstance(Batch(model, short[:1], longer).drafter, PlaceholderGuesser)

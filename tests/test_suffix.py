@@ -494,3 +494,17 @@ def test_the_placeholder_guess_stops_while_its_guesses_would_not_pay_and_comes_b
     free = PlaceholderGuesser(guess_from=0, cell_cost=0.0)  # a placeholder in every pass: always, right or not
     free.start([list(text)], max_length=200)
     assert free.propose(1)[0].tolist() == [[1]]
+
+
+def test_a_row_far_below_guess_from_looks_nothing_up():
+    """drafters/placeholder.py: a row more than `window` tokens short of `guess_from` does not walk (its would-be
+    guesses could not count by the time it may guess); from `window` tokens before, it walks and scores."""
+    from verispec.drafters.placeholder import PlaceholderGuesser
+
+    guesser = PlaceholderGuesser(guess_from=50, cell_cost=0.0, window=8)
+    walked = []
+    walk = guesser.walk
+    guesser.walk = lambda row, k: walked.append(len(row.tokens)) or walk(row, k)
+    guesser.start([[1, 2] * 5, [1, 2] * 21], max_length=200)  # 10 tokens: far; 42 = 50 - 8: near
+    assert guesser.propose(1)[0].shape == (2, 0)  # neither row is long enough to guess
+    assert walked == [42] and guesser._would == [None, 1]

@@ -150,15 +150,16 @@ class Batch:
                 f"max_length ({max_length}) is below the longest prompt plus its budget and k_max + 1 ({needed})"
             )
         self.max_length = max_length or needed
+        if getattr(drafter, "guess_from", 0) >= self.max_length:  # no row grows long enough to guess: plain passes
+            drafter, policy = self.drafter, self.policy = None, FixedLength(0)
         self.stats = stats if stats is not None else SpecStats()
         guess = getattr(drafter, "placeholder_guess", False)
         self.stats.placeholder_guess |= guess
         self.stats.draft_given |= drafter is not None and not guess
         self.count_requests = count_requests
         self.ids: list = list(range(batch))
-        self.logprobs: list[int | None] = [
-            None
-        ] * batch  # per row: None, or the top alternatives wanted with each token's log-probability
+        # per row: None, or how many top alternatives it wants with each token's log-probability
+        self.logprobs: list[int | None] = [None] * batch
         self.last_logprobs: dict = {}  # id -> [(log p(token), {alternative: log p})] for the tokens of the last step
         self.requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
         self.active = [True] * batch

@@ -17,9 +17,10 @@ The guess is verified as any lookup proposal (one token, q one-hot: the coupled 
 so the output is plain decoding's token for token, greedy or sampled with a seed. When the guess is
 right the pass commits two tokens. The guess is suffix drafting's (drafters/suffix.py) at one token,
 from a one-token match on: the row's own text and the earlier requests of its batch; a row shorter
-than `lone_pad_from` guesses nothing (its pass has no placeholder). A row with company runs plain (its
-placeholder has no logits then: policy.LoneRowGuess). `VERISPEC_PLACEHOLDER_GUESS=0` leaves the
-placeholder a copy.
+than `lone_pad_from` guesses nothing (its pass has no placeholder), and one more than `window` tokens
+shorter looks nothing up (engine.Batch runs without the guesser where no row can get that long). A row
+with company runs plain (its placeholder has no logits then: policy.LoneRowGuess).
+`VERISPEC_PLACEHOLDER_GUESS=0` leaves the placeholder a copy.
 """
 
 from __future__ import annotations
@@ -51,9 +52,16 @@ class PlaceholderGuesser(SuffixDrafter):
         return (sum(scored) + 1) / (len(scored) + 2)
 
     def _walks(self, k: int) -> tuple[list[list[int]], list[int]]:
-        walks, lengths = super()._walks(k)
-        self._would = [tokens[0] if n else None for tokens, n in zip(walks, lengths)]
-        return walks, [n if self._pays(row) else 0 for row, n in zip(self.rows, lengths)]
+        """Rows more than `window` tokens short of `guess_from` do not look anything up: their would-be guesses
+        could not count by the time they may guess (a lookup and its scoring cost 3% of a plain pass on a small
+        file; below the split no pass of such a file has a placeholder)."""
+        if k <= 0:
+            return [], []
+        near = self.guess_from - self.window
+        walks = [self.walk(row, k) if len(row.tokens) >= near else ([row.tokens[-1]] * k, 0) for row in self.rows]
+        lengths = [n for _, n in walks]
+        self._would = [tokens[0] if n else None for (tokens, _), n in zip(walks, lengths)]
+        return [tokens for tokens, _ in walks], [n if self._pays(row) else 0 for row, n in zip(self.rows, lengths)]
 
     def _pays(self, row: _Row) -> bool:
         length = len(row.tokens)
