@@ -7,8 +7,8 @@ through `SuffixDrafter` as `bench --peer-suffix` runs it (one corpus over the pr
 Greedy acceptance is known from the completion, so each rule's passes and their cost follow
 exactly; the cost of a pass of n positions is the `profile.r` of a `bench --json` file (measured
 on the same file and machine), or without `--profile` r(1..17) measured here first
-(`profile_costs`: one row, at the median context of the completions' passes, the installed
-verispec's settings). Prints tokens per plain pass's cost (the speed-up over plain decoding,
+(`profile_costs`: one row, at the bucket of the median context of the completions' passes, the
+installed verispec's settings). Prints tokens per plain pass's cost (the speed-up over plain decoding,
 verispec's own time excluded) for:
 - `rule`: the drafter's own stopping rule at k = 16 (what bench ran);
 - `learned`: per proposal, the length L maximizing (1 + sum_i prod_{j<=i} a_j) / r(L + 1), with a_j
@@ -122,9 +122,9 @@ def main() -> None:
             r = json.load(found)["profile"]["r"]
     else:
         context = int(statistics.median(len(p) + len(c) // 2 for p, c in pairs))
-        seconds = profile_costs(target, k_max=16, context_length=context, repeats=9).target_s
-        r = [t / seconds[0] for t in seconds]
-        print(f"r(1..17) at {context} cells: {' '.join(f'{x:.2f}' for x in r)}")
+        profile = profile_costs(target, k_max=16, context_length=context, repeats=9)
+        r = [t / profile.target_s[0] for t in profile.target_s]
+        print(f"r(1..17) at {profile.context_length} cells (median {context}): {' '.join(f'{x:.2f}' for x in r)}")
     for rule in ("rule", "learned", "learned + guess", "oracle"):
         print(f"{rule:>16}: {replay(pairs, r, rule):.2f} tokens per plain pass's cost")
 
